@@ -1,0 +1,48 @@
+"""The FastAPI application factory."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service import migrate
+from service.api import health
+from service.api.errors import install_error_handlers
+from service.context import ServiceContext
+from service.db import Database
+from service.settings import Settings, load_settings
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "0.1.0"
+
+
+def create_app(settings: Settings | None = None, db: Database | None = None) -> FastAPI:
+    """Build the app; the database (embedded unless configured) starts with the app."""
+    settings = settings or load_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        database = db or Database.from_settings(settings)
+        if settings.auto_migrate:
+            migrate.upgrade(database.engine)
+        app.state.ctx = ServiceContext(settings=settings, db=database)
+        try:
+            yield
+        finally:
+            if db is None:
+                database.close()
+
+    app = FastAPI(
+        title="MV backfill service",
+        version=API_VERSION,
+        description="Create materialized views over live tables and Kafka sources, "
+        "backfilled online with exactly-once results at every committed epoch.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.include_router(health.router)
+    return app

@@ -1,0 +1,1 @@
+"""The catalog: tables, sources, jobs, actors, progress, graphs and workers in Postgres."""

@@ -1,0 +1,161 @@
+"""SQLAlchemy 2.0 typed models of the catalog (the Alembic migrations create them)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Integer,
+    MetaData,
+    Text,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {dict[str, Any]: JSONB, list[Any]: JSONB}
+
+
+def _now() -> Mapped[dt.datetime]:
+    return mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Relation(Base):
+    """A user table or an MV: one epoch-versioned table in the state store."""
+
+    __tablename__ = "relations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    kind: Mapped[str] = mapped_column(Text)  # table | mv
+    schema: Mapped[dict[str, Any]]
+    storage_table: Mapped[str] = mapped_column(Text, unique=True)
+    # the graph whose barriers write this table (rolled back with it on recovery)
+    graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id"))
+    # versions only needed by reads below this epoch have been garbage-collected
+    gc_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[dt.datetime] = _now()
+
+
+class Source(Base):
+    __tablename__ = "sources"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    kafka: Mapped[dict[str, Any]]
+    format: Mapped[str] = mapped_column(Text)
+    schema: Mapped[dict[str, Any]]
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = _now()
+
+
+class Graph(Base):
+    """A set of actors that see the same barrier sequence, with its committed epoch."""
+
+    __tablename__ = "graphs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)  # main | creating
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE", use_alter=True))
+    committed_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    current_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    state: Mapped[str] = mapped_column(Text, default="running")  # running | recovering | stopped
+    created_at: Mapped[dt.datetime] = _now()
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, unique=True)
+    kind: Mapped[str] = mapped_column(Text)  # arrangement | chain | snapshot | source
+    state: Mapped[str] = mapped_column(Text, default="creating")
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    parallelism: Mapped[int] = mapped_column(Integer)
+    upstream_relation_id: Mapped[int | None] = mapped_column(ForeignKey("relations.id"))
+    upstream_source_id: Mapped[int | None] = mapped_column(ForeignKey("sources.id"))
+    mv_relation_id: Mapped[int | None] = mapped_column(ForeignKey("relations.id", ondelete="SET NULL"))
+    columns: Mapped[list[Any]]
+    filter: Mapped[dict[str, Any] | None]
+    graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="SET NULL"))
+    snapshot_epoch: Mapped[int | None] = mapped_column(BigInteger)
+    finished_epoch: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = _now()
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
+    )
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(Text)
+    capacity: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(Text, default="alive")  # alive | dead | stopped
+    lease_expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    registered_at: Mapped[dt.datetime] = _now()
+    last_heartbeat_at: Mapped[dt.datetime] = _now()
+
+
+class Actor(Base):
+    """One parallel unit of a job: a vnode set (ranges) or a set of source splits."""
+
+    __tablename__ = "actors"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"))
+    worker_id: Mapped[int | None] = mapped_column(
+        ForeignKey("workers.id", ondelete="SET NULL"), index=True
+    )
+    vnodes: Mapped[list[Any]]  # [[lo, hi), ...]
+    splits: Mapped[list[Any]]
+    state: Mapped[str] = mapped_column(Text, default="running")
+    created_at: Mapped[dt.datetime] = _now()
+
+
+class VnodeProgress(Base):
+    __tablename__ = "vnode_progress"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    vnode: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(Text)
+    current_pos: Mapped[list[Any] | None]
+    row_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+
+
+class SplitProgress(Base):
+    __tablename__ = "split_progress"
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    split: Mapped[str] = mapped_column(Text, primary_key=True)
+    state: Mapped[str] = mapped_column(Text)
+    offset: Mapped[int | None] = mapped_column(BigInteger)
+    target_offset: Mapped[int | None] = mapped_column(BigInteger)
+    num_consumed_rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+
+
+class EpochPin(Base):
+    """Garbage collection keeps every version a pinned reader may still see."""
+
+    __tablename__ = "epoch_pins"
+    __table_args__ = (UniqueConstraint("relation_id", "holder"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    relation_id: Mapped[int] = mapped_column(ForeignKey("relations.id", ondelete="CASCADE"))
+    holder: Mapped[str] = mapped_column(Text)  # e.g. "job:12"
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = _now()

@@ -1,0 +1,174 @@
+"""The ``backfill`` command line: serve, worker, db, demo, openapi."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from service.settings import SettingsError, load_settings
+
+
+def _settings_or_exit(**overrides: object):  # type: ignore[no-untyped-def]
+    try:
+        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+    except SettingsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def require_java() -> None:
+    """Spark needs Java 17; fail with a clear message instead of a JVM stack trace."""
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        print(
+            "error: Java 17 is required by Spark but `java` was not found on PATH "
+            "(install openjdk-17-jre-headless or set JAVA_HOME)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+async def _serve(settings, on_ready=None) -> None:  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    from service.api.app import create_app
+
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app, host=settings.host, port=settings.port, log_level=settings.log_level, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        port = server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.port
+        url = f"http://{settings.host}:{port}"
+        print(f"backfill control plane ready at {url}", flush=True)
+        if on_ready is not None:
+            try:
+                await on_ready(url)
+            finally:
+                server.should_exit = True
+    await task
+
+
+def _exit_cleanly_on_sigterm() -> None:
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises the signal; with this
+    # handler in place the re-raised signal is a no-op and the process exits 0
+    signal.signal(signal.SIGTERM, lambda *_: None)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    settings = _settings_or_exit(host=args.host, port=args.port, data_dir=args.data_dir)
+    _exit_cleanly_on_sigterm()
+    asyncio.run(_serve(settings))
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    require_java()
+    from spark_workers.main import run_worker
+
+    return run_worker(args.control_plane, name=args.name)
+
+
+def cmd_db(args: argparse.Namespace) -> int:
+    from service import migrate
+    from service.db import Database
+
+    settings = _settings_or_exit(data_dir=args.data_dir)
+    db = Database.from_settings(settings)
+    try:
+        if args.db_command == "upgrade":
+            migrate.upgrade(db.engine, args.revision)
+            print(f"database at revision {migrate.current_revision(db.engine)}")
+        elif args.db_command == "downgrade":
+            migrate.downgrade(db.engine, args.revision)
+            print(f"database at revision {migrate.current_revision(db.engine)}")
+        else:
+            current = migrate.current_revision(db.engine)
+            print(f"current: {current}  head: {migrate.head_revision(db.engine)}")
+    finally:
+        db.close()
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from service.demo import run_demo
+
+    settings = _settings_or_exit(port=args.port, data_dir=args.data_dir)
+    asyncio.run(_serve(settings, on_ready=lambda url: run_demo(url, keep_running=args.keep_running)))
+    return 0
+
+
+def cmd_openapi(args: argparse.Namespace) -> int:
+    from service.api.openapi import render_openapi
+
+    text = render_openapi()
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="backfill",
+        description="Online backfill service for materialized views.",
+        epilog="Settings come from BACKFILL_* environment variables; DATABASE_URL unset "
+        "means an embedded Postgres under the data directory.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("serve", help="run the control plane (HTTP API, barriers, scheduler)")
+    s.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=None, help="port to bind (default 8000, 0 = any)")
+    s.add_argument("--data-dir", default=None, help="embedded Postgres data directory (default .data)")
+    s.set_defaults(func=cmd_serve)
+
+    w = sub.add_parser("worker", help="run a PySpark worker that executes backfill actors")
+    w.add_argument("--control-plane", required=True, metavar="URL", help="control plane base URL")
+    w.add_argument("--name", default=None, help="worker name (default: host name and pid)")
+    w.set_defaults(func=cmd_worker)
+
+    d = sub.add_parser("db", help="manage the catalog schema")
+    dsub = d.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+    for name, text, default in (
+        ("upgrade", "apply migrations up to a revision", "head"),
+        ("downgrade", "revert migrations down to a revision", "base"),
+        ("current", "show the current and head revisions", None),
+    ):
+        a = dsub.add_parser(name, help=text)
+        if default is not None:
+            a.add_argument("revision", nargs="?", default=default, help=f"target (default {default})")
+        a.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
+    d.set_defaults(func=cmd_db)
+
+    m = sub.add_parser("demo", help="start the service and run a real backfill end to end")
+    m.add_argument("--port", type=int, default=0, help="port (default: any free port)")
+    m.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
+    m.add_argument("--keep-running", action="store_true", help="keep serving after the demo")
+    m.set_defaults(func=cmd_demo)
+
+    o = sub.add_parser("openapi", help="print or write the OpenAPI document")
+    o.add_argument("--output", default="-", help="file to write (default: stdout)")
+    o.set_defaults(func=cmd_openapi)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

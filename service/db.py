@@ -1,0 +1,49 @@
+"""Database access for the control plane: one engine per process, sessions per use case."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
+from service.settings import Settings
+
+
+class Database:
+    def __init__(self, url: str, embedded: EmbeddedPostgres | None = None) -> None:
+        self.url = to_sqlalchemy_url(url)
+        self.libpq_url = to_libpq_url(self.url)
+        self.embedded = embedded
+        self.engine: Engine = create_engine(
+            self.url, pool_pre_ping=True, pool_size=10, max_overflow=20, future=True
+        )
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Database:
+        if settings.database_url is not None:
+            return cls(settings.database_url)
+        embedded = EmbeddedPostgres(settings.data_dir)
+        return cls(embedded.start(), embedded)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on error."""
+        with self.sessions() as session, session.begin():
+            yield session
+
+    def ping(self) -> bool:
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+            return True
+        except Exception:
+            return False
+
+    def close(self) -> None:
+        self.engine.dispose()
+        if self.embedded is not None:
+            self.embedded.stop()

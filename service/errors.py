@@ -1,0 +1,47 @@
+"""One error hierarchy for the whole service, translated to HTTP in ``api/errors.py``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str, details: Any = None, *, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+        if code is not None:
+            self.code = code
+
+
+class BadRequest(ServiceError):
+    status = 400
+    code = "bad_request"
+
+
+class NotFound(ServiceError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(ServiceError):
+    status = 409
+    code = "conflict"
+
+
+class Gone(ServiceError):
+    status = 410
+    code = "gone"
+
+
+class Invalid(ServiceError):
+    status = 422
+    code = "invalid"
+
+
+class Unavailable(ServiceError):
+    status = 503
+    code = "unavailable"

@@ -1,0 +1,73 @@
+"""One settings object per process, read from ``BACKFILL_*`` environment variables.
+
+``DATABASE_URL`` (or ``BACKFILL_DATABASE_URL``) unset means the embedded default: a
+private Postgres from the ``pgserver`` wheel under ``BACKFILL_DATA_DIR``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+ENV_PREFIX = "BACKFILL_"
+
+
+class SettingsError(Exception):
+    """Start-up configuration is invalid; the message names each bad variable."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    database_url: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("BACKFILL_DATABASE_URL", "DATABASE_URL"),
+        description="Postgres URL; unset starts the embedded Postgres under data_dir",
+    )
+    data_dir: Path = Field(default=Path(".data"), description="embedded Postgres and local state")
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    log_level: str = Field(default="info", pattern=r"^(debug|info|warning|error|critical)$")
+
+    barrier_interval_ms: int = Field(default=1000, ge=10, le=600_000)
+    checkpoint_frequency: int = Field(default=1, ge=1, le=10_000)
+    default_vnode_count: int = Field(default=256, ge=1, le=32768)
+    worker_lease_ms: int = Field(default=10_000, ge=100, le=3_600_000)
+    max_pending_barriers: int = Field(default=100, ge=1, le=100_000)
+    auto_migrate: bool = True
+    spawn_embedded_worker: bool = True
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_url(cls, v: str | None) -> str | None:
+        if v is None or v.strip() == "":
+            return None
+        if not v.startswith(("postgresql://", "postgresql+psycopg2://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL")
+        return v
+
+    @property
+    def embedded(self) -> bool:
+        return self.database_url is None
+
+
+def _env_name(field: str) -> str:
+    if field == "database_url":
+        return "DATABASE_URL (or BACKFILL_DATABASE_URL)"
+    return f"{ENV_PREFIX}{field.upper()}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read and validate settings; a bad value raises ``SettingsError`` naming the variable."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            got = err.get("input")
+            problems.append(f"{_env_name(field)}: {err['msg']} (got {got!r})")
+        raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None

@@ -1,0 +1,1 @@
+"""PySpark workers: run backfill actors as state machines and report over HTTP."""

@@ -1,0 +1,74 @@
+"""Shared fixtures: a real Postgres (TEST_DATABASE_URL, or one embedded server per session)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import psycopg2
+import pytest
+from sqlalchemy.engine import make_url
+
+from service import migrate
+from service.db import Database
+from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
+from service.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A SQLAlchemy URL of a server where tests may create databases."""
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        yield to_sqlalchemy_url(url)
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg"), stop_on_exit=True)
+    yield server.start()
+    server.stop()
+
+
+def _admin(url: str):  # type: ignore[no-untyped-def]
+    conn = psycopg2.connect(to_libpq_url(url))
+    conn.autocommit = True
+    return conn
+
+
+@pytest.fixture
+def fresh_db_url(pg_server_url: str) -> Iterator[str]:
+    """An empty database of its own for one test, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    conn = _admin(pg_server_url)
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    url = make_url(pg_server_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
+
+
+@pytest.fixture
+def db(fresh_db_url: str) -> Iterator[Database]:
+    """A migrated catalog in a fresh database."""
+    database = Database(fresh_db_url)
+    migrate.upgrade(database.engine)
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def settings(fresh_db_url: str) -> Settings:
+    return Settings(database_url=fresh_db_url, spawn_embedded_worker=False)
+
+
+@pytest.fixture
+def client(db: Database, settings: Settings) -> Iterator[object]:
+    from fastapi.testclient import TestClient
+
+    from service.api.app import create_app
+
+    with TestClient(create_app(settings, db)) as c:
+        yield c

@@ -1,0 +1,87 @@
+"""The CLI as a user runs it: real processes, the embedded Postgres, real HTTP."""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+BACKFILL = str(Path(sys.executable).parent / "backfill")
+
+
+def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([BACKFILL, *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(), ("serve",), ("worker",), ("db",), ("db", "upgrade"), ("db", "downgrade"), ("db", "current"), ("demo",), ("openapi",)],
+)
+def test_every_command_has_help(args: tuple[str, ...]) -> None:
+    r = run(*args, "--help")
+    assert r.returncode == 0, r.stderr
+    assert "usage: backfill" in r.stdout
+
+
+def test_worker_without_java_says_so(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = str(Path(sys.executable).parent)  # no java here
+    assert shutil.which("java", path=env["PATH"]) is None
+    r = run("worker", "--control-plane", "http://127.0.0.1:1", env=env)
+    assert r.returncode == 2
+    assert "Java 17 is required" in r.stderr
+
+
+def test_bad_setting_fails_start_up_naming_the_variable(tmp_path: Path) -> None:
+    env = dict(os.environ, BACKFILL_BARRIER_INTERVAL_MS="nope")
+    r = run("serve", "--data-dir", str(tmp_path), env=env)
+    assert r.returncode == 2
+    assert "BACKFILL_BARRIER_INTERVAL_MS" in r.stderr
+
+
+def _embedded_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "BACKFILL_DATABASE_URL")}
+
+
+def test_db_commands_on_the_embedded_default(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    r = run("db", "upgrade", "--data-dir", data, env=_embedded_env())
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "data" / "pgdata" / "PG_VERSION").exists()
+    r = run("db", "current", "--data-dir", data, env=_embedded_env())
+    assert r.returncode == 0, r.stderr
+    current = r.stdout.split("current: ")[1].split()[0]
+    assert current != "None" and f"head: {current}" in r.stdout
+    r = run("db", "downgrade", "--data-dir", data, env=_embedded_env())
+    assert "revision None" in r.stdout
+
+
+def test_serve_on_the_embedded_default_prints_its_url_and_answers(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [BACKFILL, "serve", "--port", "0", "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_embedded_env(),
+    )
+    try:
+        deadline = time.monotonic() + 120
+        url = None
+        assert proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if "ready at " in line:
+                url = line.rsplit("ready at ", 1)[1].strip()
+                break
+        assert url, "serve never printed its URL"
+        assert httpx.get(f"{url}/readyz", timeout=10).json()["status"] == "ready"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert proc.returncode == 0

@@ -1,0 +1,61 @@
+from pathlib import Path
+
+import pytest
+
+from service.settings import SettingsError, load_settings
+
+
+def test_defaults_mean_embedded_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DATABASE_URL", raising=False)
+    monkeypatch.delenv("BACKFILL_DATABASE_URL", raising=False)
+    s = load_settings()
+    assert s.embedded
+    assert s.data_dir == Path(".data")
+    assert s.barrier_interval_ms == 1000
+    assert s.checkpoint_frequency == 1
+
+
+def test_values_come_from_prefixed_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BACKFILL_BARRIER_INTERVAL_MS", "200")
+    monkeypatch.setenv("BACKFILL_DATA_DIR", "/tmp/somewhere")
+    monkeypatch.setenv("DATABASE_URL", "postgresql://u@h/db")
+    s = load_settings()
+    assert s.barrier_interval_ms == 200
+    assert s.data_dir == Path("/tmp/somewhere")
+    assert s.database_url == "postgresql://u@h/db"
+    assert not s.embedded
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "named"),
+    [
+        ("BACKFILL_BARRIER_INTERVAL_MS", "5", "BACKFILL_BARRIER_INTERVAL_MS"),
+        ("BACKFILL_BARRIER_INTERVAL_MS", "fast", "BACKFILL_BARRIER_INTERVAL_MS"),
+        ("BACKFILL_CHECKPOINT_FREQUENCY", "0", "BACKFILL_CHECKPOINT_FREQUENCY"),
+        ("BACKFILL_PORT", "70000", "BACKFILL_PORT"),
+        ("BACKFILL_LOG_LEVEL", "loud", "BACKFILL_LOG_LEVEL"),
+        ("DATABASE_URL", "mysql://x/y", "DATABASE_URL"),
+    ],
+)
+def test_bad_value_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str, named: str
+) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    assert named in str(e.value)
+    assert repr(value) in str(e.value)
+
+
+def test_every_bad_variable_is_reported_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BACKFILL_PORT", "-1")
+    monkeypatch.setenv("BACKFILL_CHECKPOINT_FREQUENCY", "0")
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    assert "BACKFILL_PORT" in str(e.value)
+    assert "BACKFILL_CHECKPOINT_FREQUENCY" in str(e.value)
+
+
+def test_empty_database_url_means_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "")
+    assert load_settings().embedded
