@@ -163,7 +163,9 @@ class TableSchema:
         pk = _check_key(primary_key, by_name, "primary_key")
         dk = _check_key(distribution_key or pk, by_name, "distribution_key")
         if not set(dk) <= set(pk):
-            raise SchemaError("the distribution key must be a subset of the primary key", "distribution_key")
+            raise SchemaError(
+                "the distribution key must be a subset of the primary key", "distribution_key"
+            )
         if not 1 <= vnode_count <= MAX_VNODE_COUNT:
             raise SchemaError(f"vnode_count must be in 1..{MAX_VNODE_COUNT}", "vnode_count")
         # key columns are never null
@@ -212,7 +214,10 @@ class TableSchema:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> TableSchema:
-        cols = [Column(c["name"], parse_type(c["type"]), bool(c.get("nullable", True))) for c in data["columns"]]
+        cols = [
+            Column(c["name"], parse_type(c["type"]), bool(c.get("nullable", True)))
+            for c in data["columns"]
+        ]
         return cls.build(
             cols,
             data["primary_key"],
@@ -254,7 +259,10 @@ class TableSchema:
             values = list(raw)
         else:
             raise SchemaError("a key must be an object or a list with every primary-key column")
-        key = tuple(coerce_value(self.column(n).type, v, n) for n, v in zip(self.primary_key, values, strict=True))
+        key = tuple(
+            coerce_value(self.column(n).type, v, n)
+            for n, v in zip(self.primary_key, values, strict=True)
+        )
         if any(v is None for v in key):
             raise SchemaError("key columns must not be null")
         return key
@@ -269,7 +277,9 @@ class TableSchema:
         return {c.name: value_to_json(c.type, row.get(c.name)) for c in self.columns}
 
 
-def _check_key(key: Sequence[str] | None, by_name: Mapping[str, Column], what: str) -> tuple[str, ...]:
+def _check_key(
+    key: Sequence[str] | None, by_name: Mapping[str, Column], what: str
+) -> tuple[str, ...]:
     if not key:
         raise SchemaError(f"{what} must name at least one column", what)
     if isinstance(key, str):
@@ -281,7 +291,10 @@ def _check_key(key: Sequence[str] | None, by_name: Mapping[str, Column], what: s
         if name in out:
             raise SchemaError(f"{what} repeats column {name!r}", f"{what}[{i}]")
         if not by_name[name].type.keyable:
-            raise SchemaError(f"column {name!r} of type {by_name[name].type.value} cannot be in a key", f"{what}[{i}]")
+            raise SchemaError(
+                f"column {name!r} of type {by_name[name].type.value} cannot be in a key",
+                f"{what}[{i}]",
+            )
         out.append(name)
     return tuple(out)
 

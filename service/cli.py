@@ -103,7 +103,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from service.demo import run_demo
 
     settings = _settings_or_exit(port=args.port, data_dir=args.data_dir)
-    asyncio.run(_serve(settings, on_ready=lambda url: run_demo(url, keep_running=args.keep_running)))
+    asyncio.run(
+        _serve(settings, on_ready=lambda url: run_demo(url, keep_running=args.keep_running))
+    )
     return 0
 
 
@@ -131,7 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the control plane (HTTP API, barriers, scheduler)")
     s.add_argument("--host", default=None, help="address to bind (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=None, help="port to bind (default 8000, 0 = any)")
-    s.add_argument("--data-dir", default=None, help="embedded Postgres data directory (default .data)")
+    s.add_argument(
+        "--data-dir", default=None, help="embedded Postgres data directory (default .data)"
+    )
     s.set_defaults(func=cmd_serve)
 
     w = sub.add_parser("worker", help="run a PySpark worker that executes backfill actors")
@@ -148,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         a = dsub.add_parser(name, help=text)
         if default is not None:
-            a.add_argument("revision", nargs="?", default=default, help=f"target (default {default})")
+            a.add_argument(
+                "revision", nargs="?", default=default, help=f"target (default {default})"
+            )
         a.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
     d.set_defaults(func=cmd_db)
 
@@ -165,7 +171,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

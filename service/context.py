@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from service.clock import Clock, system_clock
 from service.db import Database
 from service.settings import Settings
 
@@ -12,3 +13,4 @@ from service.settings import Settings
 class ServiceContext:
     settings: Settings
     db: Database
+    clock: Clock = field(default=system_clock)

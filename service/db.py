@@ -47,3 +47,8 @@ class Database:
         self.engine.dispose()
         if self.embedded is not None:
             self.embedded.stop()
+
+
+def raw_cursor(session: Session):  # type: ignore[no-untyped-def]
+    """A psycopg2 cursor inside the session's transaction (for the state store)."""
+    return session.connection().connection.dbapi_connection.cursor()

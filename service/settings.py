@@ -37,6 +37,7 @@ class Settings(BaseSettings):
     default_vnode_count: int = Field(default=256, ge=1, le=32768)
     worker_lease_ms: int = Field(default=10_000, ge=100, le=3_600_000)
     max_pending_barriers: int = Field(default=100, ge=1, le=100_000)
+    gc_retention_ms: int = Field(default=60_000, ge=0, le=86_400_000)
     auto_migrate: bool = True
     spawn_embedded_worker: bool = True
 

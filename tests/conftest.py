@@ -8,12 +8,18 @@ from collections.abc import Iterator
 
 import psycopg2
 import pytest
+from hypothesis import settings as hypothesis_settings
 from sqlalchemy.engine import make_url
 
 from service import migrate
 from service.db import Database
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
 from service.settings import Settings
+
+# CI runs must be reproducible: a fixed example sequence there, fresh exploration locally
+hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    hypothesis_settings.load_profile("ci")
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,9 @@ depends_on = None
 
 
 def _now() -> sa.Column:
-    return sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False)
+    return sa.Column(
+        "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+    )
 
 
 def upgrade() -> None:
@@ -76,13 +78,17 @@ def upgrade() -> None:
         sa.Column("finished_epoch", sa.BigInteger),
         sa.Column("error", sa.Text),
         _now(),
-        sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.CheckConstraint("kind IN ('arrangement', 'chain', 'snapshot', 'source')", name="kind"),
         sa.CheckConstraint("state IN ('creating', 'created', 'failed', 'cancelled')", name="state"),
         sa.CheckConstraint("parallelism >= 1", name="parallelism"),
         sa.CheckConstraint("rate_limit IS NULL OR rate_limit >= 0", name="rate_limit"),
     )
-    op.create_foreign_key("fk_graphs_job_id_jobs", "graphs", "jobs", ["job_id"], ["id"], ondelete="CASCADE")
+    op.create_foreign_key(
+        "fk_graphs_job_id_jobs", "graphs", "jobs", ["job_id"], ["id"], ondelete="CASCADE"
+    )
     op.create_table(
         "workers",
         sa.Column("id", sa.Integer, primary_key=True),
@@ -90,15 +96,35 @@ def upgrade() -> None:
         sa.Column("capacity", sa.Integer, nullable=False),
         sa.Column("state", sa.Text, nullable=False, server_default="alive"),
         sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=False),
-        sa.Column("registered_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
-        sa.Column("last_heartbeat_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column(
+            "registered_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.func.now(),
+            nullable=False,
+        ),
+        sa.Column(
+            "last_heartbeat_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.func.now(),
+            nullable=False,
+        ),
     )
     op.create_table(
         "actors",
         sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True),
-        sa.Column("graph_id", sa.Integer, sa.ForeignKey("graphs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("worker_id", sa.Integer, sa.ForeignKey("workers.id", ondelete="SET NULL"), index=True),
+        sa.Column(
+            "job_id",
+            sa.Integer,
+            sa.ForeignKey("jobs.id", ondelete="CASCADE"),
+            nullable=False,
+            index=True,
+        ),
+        sa.Column(
+            "graph_id", sa.Integer, sa.ForeignKey("graphs.id", ondelete="CASCADE"), nullable=False
+        ),
+        sa.Column(
+            "worker_id", sa.Integer, sa.ForeignKey("workers.id", ondelete="SET NULL"), index=True
+        ),
         sa.Column("vnodes", JSONB, nullable=False, server_default="[]"),
         sa.Column("splits", JSONB, nullable=False, server_default="[]"),
         sa.Column("state", sa.Text, nullable=False, server_default="running"),
@@ -106,7 +132,9 @@ def upgrade() -> None:
     )
     op.create_table(
         "vnode_progress",
-        sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+        ),
         sa.Column("vnode", sa.Integer, primary_key=True),
         sa.Column("state", sa.Text, nullable=False),
         sa.Column("current_pos", JSONB),
@@ -115,7 +143,9 @@ def upgrade() -> None:
     )
     op.create_table(
         "split_progress",
-        sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column(
+            "job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+        ),
         sa.Column("split", sa.Text, primary_key=True),
         sa.Column("state", sa.Text, nullable=False),
         sa.Column("offset", sa.BigInteger),
@@ -126,7 +156,12 @@ def upgrade() -> None:
     op.create_table(
         "epoch_pins",
         sa.Column("id", sa.Integer, primary_key=True),
-        sa.Column("relation_id", sa.Integer, sa.ForeignKey("relations.id", ondelete="CASCADE"), nullable=False),
+        sa.Column(
+            "relation_id",
+            sa.Integer,
+            sa.ForeignKey("relations.id", ondelete="CASCADE"),
+            nullable=False,
+        ),
         sa.Column("holder", sa.Text, nullable=False),
         sa.Column("epoch", sa.BigInteger, nullable=False),
         _now(),

@@ -69,8 +69,12 @@ def install_error_handlers(app: FastAPI) -> None:
             for e in exc.errors()
         ]
         if any(e["type"] == "json_invalid" for e in errors):
-            return error_response(400, "malformed_json", "the request body is not valid JSON", errors)
-        return error_response(422, "validation_error", "the request does not match the schema", errors)
+            return error_response(
+                400, "malformed_json", "the request body is not valid JSON", errors
+            )
+        return error_response(
+            422, "validation_error", "the request does not match the schema", errors
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

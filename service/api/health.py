@@ -43,7 +43,10 @@ def readyz(ctx: Annotated[ServiceContext, Depends(get_ctx)]) -> Readiness | JSON
             db_ok = False
     ready = db_ok and current is not None and current == head
     body = Readiness(
-        status="ready" if ready else "not_ready", database=db_ok, migrations=current, migrations_head=head
+        status="ready" if ready else "not_ready",
+        database=db_ok,
+        migrations=current,
+        migrations_head=head,
     )
     if ready:
         return body

@@ -70,7 +70,9 @@ class Graph(Base):
     __tablename__ = "graphs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(Text)  # main | creating
-    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE", use_alter=True))
+    job_id: Mapped[int | None] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE", use_alter=True)
+    )
     committed_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     current_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     state: Mapped[str] = mapped_column(Text, default="running")  # running | recovering | stopped
@@ -88,7 +90,9 @@ class Job(Base):
     parallelism: Mapped[int] = mapped_column(Integer)
     upstream_relation_id: Mapped[int | None] = mapped_column(ForeignKey("relations.id"))
     upstream_source_id: Mapped[int | None] = mapped_column(ForeignKey("sources.id"))
-    mv_relation_id: Mapped[int | None] = mapped_column(ForeignKey("relations.id", ondelete="SET NULL"))
+    mv_relation_id: Mapped[int | None] = mapped_column(
+        ForeignKey("relations.id", ondelete="SET NULL")
+    )
     columns: Mapped[list[Any]]
     filter: Mapped[dict[str, Any] | None]
     graph_id: Mapped[int | None] = mapped_column(ForeignKey("graphs.id", ondelete="SET NULL"))

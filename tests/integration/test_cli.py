@@ -13,13 +13,27 @@ import pytest
 BACKFILL = str(Path(sys.executable).parent / "backfill")
 
 
-def run(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([BACKFILL, *args], capture_output=True, text=True, env=env, timeout=timeout)
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [BACKFILL, *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize(
     "args",
-    [(), ("serve",), ("worker",), ("db",), ("db", "upgrade"), ("db", "downgrade"), ("db", "current"), ("demo",), ("openapi",)],
+    [
+        (),
+        ("serve",),
+        ("worker",),
+        ("db",),
+        ("db", "upgrade"),
+        ("db", "downgrade"),
+        ("db", "current"),
+        ("demo",),
+        ("openapi",),
+    ],
 )
 def test_every_command_has_help(args: tuple[str, ...]) -> None:
     r = run(*args, "--help")
@@ -44,7 +58,9 @@ def test_bad_setting_fails_start_up_naming_the_variable(tmp_path: Path) -> None:
 
 
 def _embedded_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "BACKFILL_DATABASE_URL")}
+    return {
+        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "BACKFILL_DATABASE_URL")
+    }
 
 
 def test_db_commands_on_the_embedded_default(tmp_path: Path) -> None:

@@ -1,0 +1,154 @@
+"""/v1/tables: create, list, read, drop, DML and snapshot reads of versioned tables."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from backfill_core.schema import Column, SchemaError, TableSchema, parse_type
+from service.api.deps import get_ctx
+from service.api.errors import ERROR_RESPONSES
+from service.catalog import tables
+from service.catalog.models import Relation
+from service.context import ServiceContext
+from service.errors import Invalid
+
+router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=ERROR_RESPONSES)
+Ctx = Annotated[ServiceContext, Depends(get_ctx)]
+
+MAX_DML_OPS = 10_000
+MAX_PAGE = 1000
+
+
+class ColumnSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63)
+    type: str = Field(max_length=40, examples=["bigint"])
+    nullable: bool = True
+
+
+class TableCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63, examples=["orders"])
+    columns: list[ColumnSpec] = Field(min_length=1, max_length=1000)
+    primary_key: list[str] = Field(min_length=1, max_length=32)
+    distribution_key: list[str] | None = Field(default=None, min_length=1, max_length=32)
+    vnode_count: int | None = Field(default=None, ge=1, le=32768)
+
+
+class TableView(BaseModel):
+    name: str
+    kind: Literal["table", "mv"]
+    columns: list[ColumnSpec]
+    primary_key: list[str]
+    distribution_key: list[str]
+    vnode_count: int
+    created_at: dt.datetime
+
+
+class TableList(BaseModel):
+    tables: list[TableView]
+
+
+class DmlOpSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    op: Literal["insert", "update", "delete"]
+    row: dict[str, Any]
+
+
+class DmlRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    ops: list[DmlOpSpec] = Field(min_length=1, max_length=MAX_DML_OPS)
+
+
+class DmlResult(BaseModel):
+    epoch: int
+    count: int
+
+
+class RowsPage(BaseModel):
+    epoch: int
+    rows: list[dict[str, Any]]
+    next: str | None = Field(
+        description="pass back as `after` for the next page; null on the last page"
+    )
+
+
+def _view(rel: Relation) -> TableView:
+    s = rel.schema
+    return TableView(
+        name=rel.name,
+        kind=rel.kind,  # type: ignore[arg-type]
+        columns=[ColumnSpec(**c) for c in s["columns"]],
+        primary_key=s["primary_key"],
+        distribution_key=s["distribution_key"],
+        vnode_count=s["vnode_count"],
+        created_at=rel.created_at,
+    )
+
+
+def _schema(body: TableCreate, default_vnodes: int) -> TableSchema:
+    try:
+        cols = []
+        for i, c in enumerate(body.columns):
+            try:
+                cols.append(Column(c.name, parse_type(c.type), c.nullable))
+            except SchemaError as e:
+                raise SchemaError(e.message, f"columns[{i}].type") from None
+        return TableSchema.build(
+            cols, body.primary_key, body.distribution_key, body.vnode_count or default_vnodes
+        )
+    except SchemaError as e:
+        raise Invalid(e.message, {"field": e.path}) from None
+
+
+@router.post("", status_code=201, response_model=TableView)
+def create_table(body: TableCreate, ctx: Ctx) -> TableView:
+    schema = _schema(body, ctx.settings.default_vnode_count)
+    return _view(tables.create_table(ctx.db, body.name, schema))
+
+
+@router.get("", response_model=TableList)
+def list_tables(ctx: Ctx) -> TableList:
+    return TableList(tables=[_view(r) for r in tables.list_tables(ctx.db)])
+
+
+@router.get("/{name}", response_model=TableView)
+def get_table(name: str, ctx: Ctx) -> TableView:
+    return _view(tables.get_table(ctx.db, name))
+
+
+@router.delete("/{name}", status_code=204, response_class=Response)
+def drop_table(name: str, ctx: Ctx) -> Response:
+    tables.drop_table(ctx.db, name)
+    return Response(status_code=204)
+
+
+@router.post("/{name}/dml", response_model=DmlResult)
+def apply_dml(name: str, body: DmlRequest, ctx: Ctx) -> DmlResult:
+    ops = [tables.DmlOp(o.op, o.row) for o in body.ops]
+    epoch, count = tables.apply_dml(ctx.db, name, ops, ctx.clock)
+    return DmlResult(epoch=epoch, count=count)
+
+
+@router.get(
+    "/{name}/rows",
+    response_model=RowsPage,
+    responses={410: ERROR_RESPONSES[404] | {"description": "Epoch garbage-collected"}},
+)
+def read_rows(
+    name: str,
+    ctx: Ctx,
+    epoch: Annotated[
+        int | None, Query(ge=1, description="default: the latest committed epoch")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
+    after: Annotated[
+        str | None, Query(max_length=4096, description="the `next` of the previous page")
+    ] = None,
+) -> RowsPage:
+    page = tables.read_rows(ctx.db, name, epoch, limit, after)
+    return RowsPage(epoch=page.epoch, rows=page.rows, next=page.next)

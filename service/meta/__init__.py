@@ -1,0 +1,1 @@
+"""The meta role: epochs, barriers, collection and commit, scheduling, recovery."""

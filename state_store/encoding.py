@@ -1,0 +1,92 @@
+"""Values to Postgres COPY text format, and driver values back to typed Python values."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Sequence
+from decimal import Decimal
+from typing import Any
+
+from backfill_core.schema import ColumnType
+
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+NULL = "\\N"
+
+
+def _text(v: Any) -> str:
+    return str(v).translate(_ESCAPES)
+
+
+def _json(v: Any) -> str:
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False).translate(_ESCAPES)
+
+
+def _bytea(v: Any) -> str:
+    return "\\\\x" + bytes(v).hex()
+
+
+def _iso(v: Any) -> str:
+    return str(v.isoformat())
+
+
+_ENCODERS: dict[ColumnType, Callable[[Any], str]] = {
+    ColumnType.SMALLINT: str,
+    ColumnType.INT: str,
+    ColumnType.BIGINT: str,
+    ColumnType.DOUBLE: repr,
+    ColumnType.NUMERIC: str,
+    ColumnType.TEXT: _text,
+    ColumnType.BOOLEAN: lambda v: "t" if v else "f",
+    ColumnType.DATE: _iso,
+    ColumnType.TIMESTAMP: _iso,
+    ColumnType.TIMESTAMPTZ: _iso,
+    ColumnType.JSONB: _json,
+    ColumnType.BYTEA: _bytea,
+}
+
+
+def copy_encoders(types: Sequence[ColumnType]) -> list[Callable[[Any], str]]:
+    return [_ENCODERS[t] for t in types]
+
+
+def copy_line(encoders: Sequence[Callable[[Any], str]], values: Sequence[Any]) -> str:
+    return (
+        "\t".join(NULL if v is None else enc(v) for enc, v in zip(encoders, values, strict=True))
+        + "\n"
+    )
+
+
+def _from_db_bytea(v: Any) -> bytes:
+    return bytes(v)
+
+
+def _from_db_tz(v: Any) -> dt.datetime:
+    return v.astimezone(dt.UTC) if isinstance(v, dt.datetime) else v
+
+
+def _from_db_numeric(v: Any) -> Decimal:
+    return v if isinstance(v, Decimal) else Decimal(str(v))
+
+
+_DECODERS: dict[ColumnType, Callable[[Any], Any]] = {
+    ColumnType.BYTEA: _from_db_bytea,
+    ColumnType.TIMESTAMPTZ: _from_db_tz,
+    ColumnType.NUMERIC: _from_db_numeric,
+}
+
+
+def row_decoder(types: Sequence[ColumnType]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """Normalise what the driver returns (memoryview, tz) into the core's value types."""
+    fixes = [(i, _DECODERS[t]) for i, t in enumerate(types) if t in _DECODERS]
+    if not fixes:
+        return tuple
+
+    def decode(row: Sequence[Any]) -> tuple[Any, ...]:
+        out = list(row)
+        for i, f in fixes:
+            if out[i] is not None:
+                out[i] = f(out[i])
+        return tuple(out)
+
+    return decode

@@ -1,0 +1,385 @@
+"""One epoch-versioned table in Postgres (DESIGN section 4).
+
+Layout: ``(_vnode smallint, <pk>, _epoch bigint, _deleted bool, <values>)`` with a unique
+index on ``(_vnode, <pk>, _epoch DESC)`` (snapshot reads walk it and take the first
+version of each key) and an index on ``_epoch`` (change logs, rollback and
+garbage collection touch only the versions of the epochs they name).
+
+Every method takes a psycopg2 cursor and runs in the caller's transaction. Rows are
+tuples in the schema's column order; identifiers are always quoted with
+``psycopg2.sql``; values always travel as parameters or COPY data.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg2 import errors, sql
+
+from backfill_core.changes import Op, Row, RowChange, Version
+from backfill_core.schema import ColumnType, TableSchema
+from backfill_core.vnode import compute_vnode
+from state_store.encoding import copy_encoders, copy_line, row_decoder
+
+SCHEMA = "store"
+VNODE, EPOCH, DELETED = "_vnode", "_epoch", "_deleted"
+
+
+def _ids(names: Iterable[str], prefix: str | None = None) -> sql.Composed:
+    if prefix is None:
+        return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+    return sql.SQL(", ").join(sql.Identifier(prefix, n) for n in names)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    rows: list[tuple[int, Row]]  # (vnode, row) in (vnode, pk) order
+
+
+class VersionedTable:
+    def __init__(self, name: str, schema: TableSchema) -> None:
+        self.name = name
+        self.schema = schema
+        self.ident = sql.Identifier(SCHEMA, name)
+        self.pk = list(schema.primary_key)
+        self.values = [c.name for c in schema.value_columns]
+        self.names = list(schema.names)
+        self._pk_idx = [schema.index_of(n) for n in self.pk]
+        self._dist_idx = [schema.index_of(n) for n in schema.distribution_key]
+        self._value_idx = [schema.index_of(n) for n in self.values]
+        self._dist_types = list(schema.dist_types)
+        self._storage_cols = [VNODE, *self.pk, EPOCH, DELETED, *self.values]
+        types = [c.type for c in schema.columns]
+        self._encoders = copy_encoders(
+            [ColumnType.SMALLINT]
+            + [schema.column(n).type for n in self.pk]
+            + [ColumnType.BIGINT, ColumnType.BOOLEAN]
+            + [schema.column(n).type for n in self.values]
+        )
+        self._decode = row_decoder(types)
+        self._decode_values = row_decoder([schema.column(n).type for n in self.values])
+
+    # DDL ------------------------------------------------------------------
+
+    def create(self, cur: Any) -> None:
+        cols = [sql.SQL("{} smallint NOT NULL").format(sql.Identifier(VNODE))]
+        for n in self.pk:
+            cols.append(
+                sql.SQL("{} {} NOT NULL").format(
+                    sql.Identifier(n), sql.SQL(self.schema.column(n).type.sql)
+                )
+            )
+        cols.append(sql.SQL("{} bigint NOT NULL").format(sql.Identifier(EPOCH)))
+        cols.append(sql.SQL("{} boolean NOT NULL DEFAULT false").format(sql.Identifier(DELETED)))
+        for n in self.values:
+            cols.append(
+                sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(self.schema.column(n).type.sql))
+            )
+        cur.execute(sql.SQL("CREATE TABLE {} ({})").format(self.ident, sql.SQL(", ").join(cols)))
+        key_cols = sql.SQL(", ").join(
+            [
+                sql.Identifier(VNODE),
+                *(sql.Identifier(n) for n in self.pk),
+                sql.SQL("{} DESC").format(sql.Identifier(EPOCH)),
+            ]
+        )
+        cur.execute(
+            sql.SQL("CREATE UNIQUE INDEX {} ON {} ({})").format(
+                sql.Identifier(f"{self.name}_key"[:63]), self.ident, key_cols
+            )
+        )
+        cur.execute(
+            sql.SQL("CREATE INDEX {} ON {} ({})").format(
+                sql.Identifier(f"{self.name}_epoch"[:63]), self.ident, sql.Identifier(EPOCH)
+            )
+        )
+
+    def drop(self, cur: Any) -> None:
+        cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.ident))
+
+    # writes ---------------------------------------------------------------
+
+    def vnode_of(self, row: Row) -> int:
+        return compute_vnode(
+            self._dist_types, [row[i] for i in self._dist_idx], self.schema.vnode_count
+        )
+
+    def key_of(self, row: Row) -> Row:
+        return tuple(row[i] for i in self._pk_idx)
+
+    def write(self, cur: Any, epoch: int, versions: Iterable[Version]) -> int:
+        """Write versions at ``epoch``; the last write of a key in an epoch wins.
+
+        Fast path: one COPY. When a key already has a version at this epoch (an earlier
+        write of the same epoch) the COPY fails on the unique index and the batch is
+        upserted through a staging table instead.
+        """
+        latest: dict[Row, Version] = {}
+        for v in versions:
+            latest[self.key_of(v.row)] = v
+        if not latest:
+            return 0
+        buf = io.StringIO()
+        encs = self._encoders
+        nulls = [None] * len(self._value_idx)
+        for key, v in latest.items():
+            row = v.row
+            vals = nulls if v.deleted else [row[i] for i in self._value_idx]
+            buf.write(copy_line(encs, [self.vnode_of(row), *key, epoch, v.deleted, *vals]))
+        cur.execute("SAVEPOINT store_write")
+        try:
+            buf.seek(0)
+            cur.copy_expert(
+                sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)), buf
+            )
+        except errors.UniqueViolation:
+            cur.execute("ROLLBACK TO SAVEPOINT store_write")
+            buf.seek(0)
+            self._upsert(cur, buf)
+        cur.execute("RELEASE SAVEPOINT store_write")
+        return len(latest)
+
+    def _upsert(self, cur: Any, buf: io.StringIO) -> None:
+        staging = sql.Identifier(f"_staging_{self.name}"[:63])
+        cur.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+            ).format(staging, self.ident)
+        )
+        cur.execute(sql.SQL("TRUNCATE {}").format(staging))
+        cur.copy_expert(
+            sql.SQL("COPY {} ({}) FROM STDIN").format(staging, _ids(self._storage_cols)), buf
+        )
+        conflict = _ids([VNODE, *self.pk, EPOCH])
+        updates = sql.SQL(", ").join(
+            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in [DELETED, *self.values]
+        )
+        cur.execute(
+            sql.SQL(
+                "INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO UPDATE SET {}"
+            ).format(
+                self.ident,
+                _ids(self._storage_cols),
+                _ids(self._storage_cols),
+                staging,
+                conflict,
+                updates,
+            )
+        )
+
+    # reads ----------------------------------------------------------------
+
+    def snapshot(
+        self,
+        cur: Any,
+        epoch: int,
+        vnodes: tuple[int, int],
+        *,
+        after: tuple[int, Row] | None = None,
+        start: tuple[int, Row] | None = None,
+        limit: int | None = None,
+    ) -> list[tuple[int, Row]]:
+        """Rows visible at ``epoch`` in vnodes ``[lo, hi)``, in (vnode, pk) order.
+
+        ``after`` = (vnode, pk) exclusive, ``start`` = (vnode, pk) inclusive.
+        """
+        lo, hi = vnodes
+        params: list[Any] = [lo, hi, epoch]
+        conds = [
+            sql.SQL("{} >= %s AND {} < %s AND {} <= %s").format(
+                sql.Identifier(VNODE), sql.Identifier(VNODE), sql.Identifier(EPOCH)
+            )
+        ]
+        bound = after if after is not None else start
+        if bound is not None:
+            op = sql.SQL(">") if after is not None else sql.SQL(">=")
+            conds.append(
+                sql.SQL("({}) {} ({})").format(
+                    _ids([VNODE, *self.pk]),
+                    op,
+                    sql.SQL(", ").join(sql.Placeholder() * (1 + len(self.pk))),
+                )
+            )
+            params.extend([bound[0], *bound[1]])
+        inner = sql.SQL(
+            "SELECT DISTINCT ON ({key}) {vn}, {cols}, {dl} FROM {t} WHERE {conds} ORDER BY {key}, {ep} DESC"
+        ).format(
+            key=_ids([VNODE, *self.pk]),
+            vn=sql.Identifier(VNODE),
+            cols=_ids(self.names),
+            dl=sql.Identifier(DELETED),
+            t=self.ident,
+            conds=sql.SQL(" AND ").join(conds),
+            ep=sql.Identifier(EPOCH),
+        )
+        q = sql.SQL("SELECT {vn}, {cols} FROM ({inner}) s WHERE NOT {dl}").format(
+            vn=sql.Identifier(VNODE), cols=_ids(self.names), inner=inner, dl=sql.Identifier(DELETED)
+        )
+        if limit is not None:
+            q = q + sql.SQL(" LIMIT %s")
+            params.append(limit)
+        cur.execute(q, params)
+        decode = self._decode
+        return [(r[0], decode(r[1:])) for r in cur.fetchall()]
+
+    def change_log(
+        self, cur: Any, epoch: int, vnodes: tuple[int, int] | Sequence[int]
+    ) -> list[RowChange]:
+        """The changes of ``epoch`` in the given vnodes, in (vnode, pk) order."""
+        if isinstance(vnodes, tuple) and len(vnodes) == 2 and not isinstance(vnodes, list):
+            vcond = sql.SQL("n.{vn} >= %s AND n.{vn} < %s").format(vn=sql.Identifier(VNODE))
+            params: list[Any] = [epoch, vnodes[0], vnodes[1]]
+        else:
+            vcond = sql.SQL("n.{vn} = ANY(%s)").format(vn=sql.Identifier(VNODE))
+            params = [epoch, list(vnodes)]
+        match = sql.SQL(" AND ").join(
+            sql.SQL("o.{0} = n.{0}").format(sql.Identifier(c)) for c in [VNODE, *self.pk]
+        )
+        old_vals = _ids(self.values, "o") if self.values else sql.SQL("")
+        q = sql.SQL(
+            "SELECT n.{vn}, {ncols}, n.{dl}, (o.{ep} IS NOT NULL AND NOT o.{dl}){ov} "
+            "FROM {t} n LEFT JOIN LATERAL (SELECT {ep}, {dl}{ovsel} FROM {t} o WHERE {match} "
+            "AND o.{ep} < n.{ep} ORDER BY o.{ep} DESC LIMIT 1) o ON true "
+            "WHERE n.{ep} = %s AND {vcond} ORDER BY n.{vn}, {npk}"
+        ).format(
+            vn=sql.Identifier(VNODE),
+            ncols=_ids(self.names, "n"),
+            dl=sql.Identifier(DELETED),
+            ep=sql.Identifier(EPOCH),
+            ov=(sql.SQL(", ") + old_vals) if self.values else sql.SQL(""),
+            ovsel=(sql.SQL(", ") + _ids(self.values)) if self.values else sql.SQL(""),
+            t=self.ident,
+            match=match,
+            vcond=vcond,
+            npk=_ids(self.pk, "n"),
+        )
+        cur.execute(q, params)
+        n_cols = len(self.names)
+        out: list[RowChange] = []
+        for r in cur.fetchall():
+            vnode = r[0]
+            new = self._decode(r[1 : 1 + n_cols])
+            deleted, had_old = r[1 + n_cols], r[2 + n_cols]
+            old: Row | None = None
+            if had_old:
+                vals = self._decode_values(r[3 + n_cols :])
+                tmp = list(new)
+                for i, v in zip(self._value_idx, vals, strict=True):
+                    tmp[i] = v
+                old = tuple(tmp)
+            if deleted:
+                if old is not None:
+                    out.append(RowChange(Op.DELETE, vnode, old, None))
+            elif old is None:
+                out.append(RowChange(Op.INSERT, vnode, None, new))
+            else:
+                out.append(RowChange(Op.UPDATE, vnode, old, new))
+        return out
+
+    def latest_versions(self, cur: Any, epoch: int, keys: Sequence[Row]) -> dict[Row, Row]:
+        """The rows visible at ``epoch`` for the given primary keys (absent keys omitted)."""
+        if not keys:
+            return {}
+        by_vnode = [(self.vnode_of_key(k), k) for k in keys]
+        values_sql = sql.SQL(", ").join(
+            sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * (1 + len(self.pk))))
+            for _ in by_vnode
+        )
+        params: list[Any] = [x for vn, k in by_vnode for x in (vn, *k)]
+        q = sql.SQL(
+            "SELECT {cols}, {dl} FROM (VALUES {vals}) AS k({kcols}) CROSS JOIN LATERAL "
+            "(SELECT * FROM {t} v WHERE {match} AND v.{ep} <= %s ORDER BY v.{ep} DESC LIMIT 1) x"
+        ).format(
+            cols=_ids(self.names, "x"),
+            dl=sql.Identifier("x", DELETED),
+            vals=values_sql,
+            kcols=_ids([VNODE, *self.pk]),
+            t=self.ident,
+            match=sql.SQL(" AND ").join(
+                sql.SQL("v.{0} = k.{0}").format(sql.Identifier(c)) for c in [VNODE, *self.pk]
+            ),
+            ep=sql.Identifier(EPOCH),
+        )
+        cur.execute(q, [*params, epoch])
+        out = {}
+        for r in cur.fetchall():
+            if not r[-1]:
+                row = self._decode(r[:-1])
+                out[self.key_of(row)] = row
+        return out
+
+    def vnode_of_key(self, key: Row) -> int:
+        pos = {n: i for i, n in enumerate(self.pk)}
+        return compute_vnode(
+            self._dist_types,
+            [key[pos[n]] for n in self.schema.distribution_key],
+            self.schema.vnode_count,
+        )
+
+    def next_epoch_with_changes(self, cur: Any, after: int, upto: int | None = None) -> int | None:
+        q = sql.SQL("SELECT min({ep}) FROM {t} WHERE {ep} > %s").format(
+            ep=sql.Identifier(EPOCH), t=self.ident
+        )
+        params: list[Any] = [after]
+        if upto is not None:
+            q = q + sql.SQL(" AND {} <= %s").format(sql.Identifier(EPOCH))
+            params.append(upto)
+        cur.execute(q, params)
+        value = cur.fetchone()[0]
+        return int(value) if value is not None else None
+
+    def max_epoch(self, cur: Any) -> int | None:
+        cur.execute(
+            sql.SQL("SELECT max({ep}) FROM {t}").format(ep=sql.Identifier(EPOCH), t=self.ident)
+        )
+        value = cur.fetchone()[0]
+        return int(value) if value is not None else None
+
+    # maintenance ------------------------------------------------------------
+
+    def rollback(self, cur: Any, committed_epoch: int) -> int:
+        """Remove every version written after ``committed_epoch``."""
+        cur.execute(
+            sql.SQL("DELETE FROM {} WHERE {} > %s").format(self.ident, sql.Identifier(EPOCH)),
+            [committed_epoch],
+        )
+        return int(cur.rowcount)
+
+    def gc(self, cur: Any, safe_epoch: int, since_epoch: int = 0) -> int:
+        """Drop versions no read at or after ``safe_epoch`` can see.
+
+        Keeps, per key, the latest version at or below ``safe_epoch`` (unless it is a
+        tombstone) and everything above it. Only keys written in
+        ``(since_epoch, safe_epoch]`` are visited: earlier ones were compacted by the
+        previous run, so the cost follows the changes, not the table size. Requires
+        that nothing is written at or below ``since_epoch`` after that run (GC stays
+        below committed epochs, and writes go to uncommitted ones).
+        """
+        if safe_epoch <= since_epoch:
+            return 0
+        key = [VNODE, *self.pk]
+        q = sql.SQL(
+            "WITH k AS (SELECT DISTINCT {key} FROM {t} WHERE {ep} > %s AND {ep} <= %s), "
+            "latest AS (SELECT DISTINCT ON ({vkey}) {vkey}, v.{ep}, v.{dl} FROM {t} v JOIN k USING ({key}) "
+            "WHERE v.{ep} <= %s ORDER BY {vkey}, v.{ep} DESC) "
+            "DELETE FROM {t} d USING latest l WHERE {match} "
+            "AND (d.{ep} < l.{ep} OR (d.{ep} = l.{ep} AND l.{dl}))"
+        ).format(
+            key=_ids(key),
+            vkey=_ids(key, "v"),
+            t=self.ident,
+            ep=sql.Identifier(EPOCH),
+            dl=sql.Identifier(DELETED),
+            match=sql.SQL(" AND ").join(
+                sql.SQL("d.{0} = l.{0}").format(sql.Identifier(c)) for c in key
+            ),
+        )
+        cur.execute(q, [since_epoch, safe_epoch, safe_epoch])
+        return int(cur.rowcount)
+
+    def count_versions(self, cur: Any) -> int:
+        cur.execute(sql.SQL("SELECT count(*) FROM {}").format(self.ident))
+        return int(cur.fetchone()[0])

@@ -1,0 +1,125 @@
+import datetime as dt
+from decimal import Decimal
+
+import pytest
+
+from backfill_core.schema import (
+    Column,
+    ColumnType,
+    SchemaError,
+    TableSchema,
+    coerce_value,
+    parse_type,
+    value_to_json,
+)
+
+
+def orders() -> TableSchema:
+    return TableSchema.build(
+        [
+            Column("id", ColumnType.BIGINT),
+            Column("amount", ColumnType.NUMERIC),
+            Column("note", ColumnType.TEXT, False),
+        ],
+        ["id"],
+    )
+
+
+def test_build_defaults_distribution_key_to_primary_key_and_makes_keys_not_null() -> None:
+    s = TableSchema.build(
+        [Column("id", ColumnType.INT, True), Column("x", ColumnType.TEXT)], ["id"]
+    )
+    assert s.distribution_key == ("id",)
+    assert s.column("id").nullable is False
+
+
+@pytest.mark.parametrize(
+    ("columns", "pk", "dk", "path"),
+    [
+        ([], ["id"], None, "columns"),
+        ([Column("Bad", ColumnType.INT)], ["Bad"], None, "columns[0].name"),
+        ([Column("a;drop", ColumnType.INT)], ["a;drop"], None, "columns[0].name"),
+        ([Column("_x", ColumnType.INT)], ["_x"], None, "columns[0].name"),
+        (
+            [Column("a", ColumnType.INT), Column("a", ColumnType.INT)],
+            ["a"],
+            None,
+            "columns[1].name",
+        ),
+        ([Column("a", ColumnType.INT)], [], None, "primary_key"),
+        ([Column("a", ColumnType.INT)], ["b"], None, "primary_key[0]"),
+        ([Column("a", ColumnType.JSONB)], ["a"], None, "primary_key[0]"),
+        (
+            [Column("a", ColumnType.INT), Column("b", ColumnType.INT)],
+            ["a"],
+            ["b"],
+            "distribution_key",
+        ),
+    ],
+)
+def test_bad_schemas_name_the_problem(
+    columns: list[Column], pk: list[str], dk: list[str] | None, path: str
+) -> None:
+    with pytest.raises(SchemaError) as e:
+        TableSchema.build(columns, pk, dk)
+    assert e.value.path == path
+
+
+def test_unknown_type() -> None:
+    with pytest.raises(SchemaError, match="unknown column type 'money'"):
+        parse_type("money")
+    assert parse_type("INTEGER") is ColumnType.INT
+
+
+def test_coerce_row() -> None:
+    s = orders()
+    assert s.coerce_row({"id": 1, "amount": "2.50", "note": "x"}) == {
+        "id": 1,
+        "amount": Decimal("2.50"),
+        "note": "x",
+    }
+    with pytest.raises(SchemaError, match="unknown column"):
+        s.coerce_row({"id": 1, "note": "x", "zzz": 1})
+    with pytest.raises(SchemaError, match="missing value for column 'note'"):
+        s.coerce_row({"id": 1})
+    with pytest.raises(SchemaError, match="must not be null"):
+        s.coerce_row({"id": 1, "note": None})
+    with pytest.raises(SchemaError, match="'id' of type bigint"):
+        s.coerce_row({"id": "1", "note": "x"})
+
+
+@pytest.mark.parametrize(
+    ("t", "raw"),
+    [
+        (ColumnType.INT, True),
+        (ColumnType.INT, 2**31),
+        (ColumnType.SMALLINT, 40000),
+        (ColumnType.DOUBLE, "1.0"),
+        (ColumnType.NUMERIC, "NaN"),
+        (ColumnType.TEXT, "nul\x00"),
+        (ColumnType.BOOLEAN, 1),
+        (ColumnType.DATE, "2024-13-01"),
+        (ColumnType.TIMESTAMP, "2024-01-01T00:00:00Z"),
+        (ColumnType.TIMESTAMPTZ, "2024-01-01T00:00:00"),
+        (ColumnType.BYTEA, "not base64!"),
+    ],
+)
+def test_bad_values(t: ColumnType, raw: object) -> None:
+    with pytest.raises(SchemaError):
+        coerce_value(t, raw)
+
+
+def test_json_round_trip() -> None:
+    cases = [
+        (ColumnType.NUMERIC, "12.340"),
+        (ColumnType.DATE, "2024-02-29"),
+        (ColumnType.TIMESTAMP, "2024-01-01T10:00:00"),
+        (ColumnType.TIMESTAMPTZ, "2024-01-01T10:00:00Z"),
+        (ColumnType.BYTEA, "AAH/"),
+        (ColumnType.JSONB, {"a": [1, None]}),
+        (ColumnType.DOUBLE, 1.5),
+    ]
+    for t, raw in cases:
+        assert value_to_json(t, coerce_value(t, raw)) == raw
+    tz = coerce_value(ColumnType.TIMESTAMPTZ, "2024-01-01T12:00:00+02:00")
+    assert tz == dt.datetime(2024, 1, 1, 10, tzinfo=dt.UTC)
