@@ -45,3 +45,8 @@ class Invalid(ServiceError):
 class Unavailable(ServiceError):
     status = 503
     code = "unavailable"
+
+
+class Timeout(ServiceError):
+    status = 504
+    code = "timeout"

@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     max_pending_barriers: int = Field(default=100, ge=1, le=100_000)
     gc_retention_ms: int = Field(default=60_000, ge=0, le=86_400_000)
     auto_migrate: bool = True
+    run_barrier_loop: bool = True
     spawn_embedded_worker: bool = True
 
     @field_validator("database_url")

@@ -67,7 +67,7 @@ def db(fresh_db_url: str) -> Iterator[Database]:
 
 @pytest.fixture
 def settings(fresh_db_url: str) -> Settings:
-    return Settings(database_url=fresh_db_url, spawn_embedded_worker=False)
+    return Settings(database_url=fresh_db_url, spawn_embedded_worker=False, barrier_interval_ms=20)
 
 
 @pytest.fixture

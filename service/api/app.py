@@ -9,10 +9,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import migrate
-from service.api import health, tables
+from service.api import health, metrics, tables, workers
 from service.api.errors import install_error_handlers
 from service.context import ServiceContext
 from service.db import Database
+from service.meta.loop import MetaLoop
 from service.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -30,9 +31,15 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         if settings.auto_migrate:
             migrate.upgrade(database.engine)
         app.state.ctx = ServiceContext(settings=settings, db=database)
+        loop = MetaLoop(settings, database) if settings.run_barrier_loop else None
+        app.state.meta_loop = loop
+        if loop is not None:
+            loop.start()
         try:
             yield
         finally:
+            if loop is not None:
+                loop.stop()
             if db is None:
                 database.close()
 
@@ -46,4 +53,6 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(tables.router)
+    app.include_router(workers.router)
+    app.include_router(metrics.router)
     return app

@@ -14,13 +14,15 @@ from service.api.errors import ERROR_RESPONSES
 from service.catalog import tables
 from service.catalog.models import Relation
 from service.context import ServiceContext
-from service.errors import Invalid
+from service.errors import Invalid, Timeout
+from service.meta.epochs import MAIN_GRAPH_ID, wait_committed
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 
 MAX_DML_OPS = 10_000
 MAX_PAGE = 1000
+WAIT_TIMEOUT_S = 30.0
 
 
 class ColumnSpec(BaseModel):
@@ -127,10 +129,26 @@ def drop_table(name: str, ctx: Ctx) -> Response:
     return Response(status_code=204)
 
 
-@router.post("/{name}/dml", response_model=DmlResult)
-def apply_dml(name: str, body: DmlRequest, ctx: Ctx) -> DmlResult:
+@router.post(
+    "/{name}/dml",
+    response_model=DmlResult,
+    responses={504: ERROR_RESPONSES[404] | {"description": "Not committed in time"}},
+)
+def apply_dml(
+    name: str,
+    body: DmlRequest,
+    ctx: Ctx,
+    wait: Annotated[
+        bool,
+        Query(description="return only once the batch's epoch is committed (readable by default)"),
+    ] = False,
+) -> DmlResult:
     ops = [tables.DmlOp(o.op, o.row) for o in body.ops]
     epoch, count = tables.apply_dml(ctx.db, name, ops, ctx.clock)
+    if wait and not wait_committed(ctx.db, MAIN_GRAPH_ID, epoch, WAIT_TIMEOUT_S):
+        raise Timeout(
+            f"epoch {epoch} was not committed within {WAIT_TIMEOUT_S:.0f}s", {"epoch": epoch}
+        )
     return DmlResult(epoch=epoch, count=count)
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     Text,
@@ -76,6 +77,9 @@ class Graph(Base):
     committed_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     current_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     state: Mapped[str] = mapped_column(Text, default="running")  # running | recovering | stopped
+    recovery_seq: Mapped[int] = mapped_column(Integer, default=0)
+    recovery_reason: Mapped[str | None] = mapped_column(Text)
+    barrier_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[dt.datetime] = _now()
 
 
@@ -129,6 +133,9 @@ class Actor(Base):
     vnodes: Mapped[list[Any]]  # [[lo, hi), ...]
     splits: Mapped[list[Any]]
     state: Mapped[str] = mapped_column(Text, default="running")
+    # the curr epoch of its first barrier (the one that adds it) and of its last (stop)
+    first_epoch: Mapped[int | None] = mapped_column(BigInteger)
+    last_epoch: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[dt.datetime] = _now()
 
 
@@ -162,4 +169,44 @@ class EpochPin(Base):
     relation_id: Mapped[int] = mapped_column(ForeignKey("relations.id", ondelete="CASCADE"))
     holder: Mapped[str] = mapped_column(Text)  # e.g. "job:12"
     epoch: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = _now()
+
+
+class Barrier(Base):
+    __tablename__ = "barriers"
+    __table_args__ = (Index("ix_barriers_graph_id_state", "graph_id", "state"),)
+    graph_id: Mapped[int] = mapped_column(
+        ForeignKey("graphs.id", ondelete="CASCADE"), primary_key=True
+    )
+    curr_epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    prev_epoch: Mapped[int] = mapped_column(BigInteger)
+    kind: Mapped[str] = mapped_column(Text)  # initial | barrier | checkpoint
+    mutation: Mapped[dict[str, Any] | None]
+    state: Mapped[str] = mapped_column(Text, default="inflight")  # inflight | collected | committed
+    injected_at: Mapped[dt.datetime] = _now()
+    committed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class BarrierCollect(Base):
+    __tablename__ = "barrier_collects"
+    __table_args__ = (Index("ix_barrier_collects_graph_id_curr_epoch", "graph_id", "curr_epoch"),)
+    actor_id: Mapped[int] = mapped_column(
+        ForeignKey("actors.id", ondelete="CASCADE"), primary_key=True
+    )
+    curr_epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"))
+    prev_epoch: Mapped[int] = mapped_column(BigInteger)
+    progress: Mapped[dict[str, Any] | None]
+    rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    finished: Mapped[bool] = mapped_column(Boolean, default=False)
+    collected_at: Mapped[dt.datetime] = _now()
+
+
+class PendingMutation(Base):
+    """A mutation waiting for the next barrier of its graph."""
+
+    __tablename__ = "pending_mutations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"))
+    mutation: Mapped[dict[str, Any]]
     created_at: Mapped[dt.datetime] = _now()

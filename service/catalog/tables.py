@@ -23,7 +23,7 @@ from service.catalog.models import Graph, Job, Relation
 from service.clock import Clock
 from service.db import Database, raw_cursor
 from service.errors import BadRequest, Conflict, Gone, Invalid, NotFound
-from service.meta.epochs import MAIN_GRAPH_ID, take_dml_epoch
+from service.meta.epochs import MAIN_GRAPH_ID, open_dml_epoch
 from state_store.versioned import VersionedTable
 
 ACTIVE_JOB_STATES = ("creating", "created")
@@ -117,12 +117,12 @@ def drop_table(db: Database, name: str) -> None:
 def apply_dml(db: Database, name: str, ops: Sequence[DmlOp], clock: Clock) -> tuple[int, int]:
     """Apply a batch atomically at the open epoch; returns (epoch, count)."""
     with db.transaction() as s:
-        rel = _get(s, name, share=True)  # a concurrent drop waits for us
+        rel = _get(s, name, lock=True)  # DML on one table is serialized; drop waits
         if rel.kind != "table":
             raise Conflict(f"{name!r} is a materialized view and is read-only", {"name": name})
         schema = TableSchema.from_json(rel.schema)
         parsed = _parse_ops(schema, ops)
-        epoch = take_dml_epoch(s, clock())
+        epoch = open_dml_epoch(s, clock())
         table = storage_of(rel)
         cur = raw_cursor(s)
         keys = list(dict.fromkeys(k for _, k, _ in parsed))

@@ -39,7 +39,7 @@ def test_gc_respects_pins_and_keeps_pinned_reads_exact(client: TestClient, db: D
 
     gc.unpin(db, "orders", "job:test")
     results = gc.run_gc(db, retention_ms=0)
-    assert results[0].safe_epoch == epochs[-1]
+    assert results[0].safe_epoch >= epochs[-1]  # barriers have committed later epochs too
     assert results[0].removed_versions == before - 9  # nine live keys keep one version each
     assert rows(client, limit=100)["rows"] == snaps[epochs[-1]]
     assert_error(client.get("/v1/tables/orders/rows", params={"epoch": e1}), 410, "gone")

@@ -30,7 +30,8 @@ def create(client: TestClient, spec: dict[str, Any] = ORDERS) -> dict[str, Any]:
 
 
 def dml(client: TestClient, ops: list[dict[str, Any]], table: str = "orders") -> Any:
-    return client.post(f"/v1/tables/{table}/dml", json={"ops": ops})
+    """DML that returns once its epoch is committed (readable by default)."""
+    return client.post(f"/v1/tables/{table}/dml", params={"wait": "true"}, json={"ops": ops})
 
 
 def ins(i: int, **kw: Any) -> dict[str, Any]:
@@ -100,7 +101,7 @@ def test_pagination_visits_every_row_once(client: TestClient) -> None:
     assert pages == 7
 
 
-def test_rejected_batches_write_nothing(client: TestClient) -> None:
+def test_rejected_batches_write_nothing(client: TestClient, db: Database) -> None:
     create(client)
     epoch = dml(client, [ins(1)]).json()["epoch"]
     err = assert_error(dml(client, [ins(2), ins(3, amount="lots")]), 422, "invalid")
@@ -118,7 +119,9 @@ def test_rejected_batches_write_nothing(client: TestClient) -> None:
     assert_error(dml(client, []), 422, "validation_error")
     assert_error(dml(client, [ins(1)], table="missing"), 404, "not_found")
     page = rows(client)
-    assert [r["id"] for r in page["rows"]] == [1] and page["epoch"] == epoch
+    assert [r["id"] for r in page["rows"]] == [1] and page["epoch"] >= epoch
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM store.orders")).scalar() == 1
 
 
 @pytest.mark.parametrize(
@@ -159,7 +162,11 @@ def test_duplicate_name_is_409(client: TestClient) -> None:
 def test_read_errors(client: TestClient, db: Database) -> None:
     create(client)
     epoch = dml(client, [ins(1)]).json()["epoch"]
-    assert_error(client.get("/v1/tables/orders/rows", params={"epoch": epoch + 1}), 409, "conflict")
+    future = epoch + (3_600_000 << 16)  # an hour ahead: not committed
+    err = assert_error(
+        client.get("/v1/tables/orders/rows", params={"epoch": future}), 409, "conflict"
+    )
+    assert err["details"]["committed_epoch"] >= epoch
     assert_error(
         client.get("/v1/tables/orders/rows", params={"after": "!!garbage"}), 400, "bad_request"
     )

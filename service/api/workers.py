@@ -1,0 +1,138 @@
+"""/v1/workers: the protocol between the control plane and the workers."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.api.deps import get_ctx
+from service.api.errors import ERROR_RESPONSES
+from service.context import ServiceContext
+from service.meta import workers
+
+router = APIRouter(
+    prefix="/v1/workers",
+    tags=["workers"],
+    responses=ERROR_RESPONSES
+    | {410: ERROR_RESPONSES[404] | {"description": "Worker declared dead"}},
+)
+Ctx = Annotated[ServiceContext, Depends(get_ctx)]
+
+
+class RegisterRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+    capacity: int = Field(default=4, ge=1, le=1024, description="actors it can run")
+
+
+class Registration(BaseModel):
+    worker_id: int
+    lease_ms: int
+    database_url: str = Field(description="where the worker reads and writes the state store")
+
+
+class BarrierMessage(BaseModel):
+    prev: int
+    curr: int
+    kind: Literal["initial", "barrier", "checkpoint"]
+    mutation: dict[str, Any] | None = None
+
+
+class ActorAssignment(BaseModel):
+    actor_id: int
+    job_id: int
+    graph_id: int
+    recovery_seq: int
+    vnodes: list[list[int]]
+    splits: list[Any]
+    job: dict[str, Any]
+    barriers: list[BarrierMessage]
+    restore: dict[str, Any] | None = Field(
+        default=None,
+        description="committed progress, sent with an actor's first or initial barrier",
+    )
+
+
+class PollResponse(BaseModel):
+    worker_id: int
+    lease_ms: int
+    assignments: list[ActorAssignment]
+
+
+class CollectRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    actor_id: int
+    prev_epoch: int = Field(ge=0)
+    curr_epoch: int = Field(ge=1)
+    progress: dict[str, Any] | None = None
+    rows: int = Field(default=0, ge=0)
+    finished: bool = False
+
+
+class CollectResponse(BaseModel):
+    status: Literal["accepted", "duplicate"]
+    committed_epoch: int
+
+
+class FailureReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    actor_id: int | None = None
+    message: str = Field(max_length=10_000)
+
+
+@router.post("", status_code=201, response_model=Registration)
+def register(body: RegisterRequest, ctx: Ctx) -> Registration:
+    w = workers.register(ctx.db, body.name, body.capacity, ctx.settings.worker_lease_ms)
+    return Registration(
+        worker_id=w.id, lease_ms=ctx.settings.worker_lease_ms, database_url=ctx.db.libpq_url
+    )
+
+
+@router.post("/{worker_id}/heartbeat", status_code=204, response_class=Response)
+def heartbeat(worker_id: int, ctx: Ctx) -> Response:
+    workers.heartbeat(ctx.db, worker_id, ctx.settings.worker_lease_ms)
+    return Response(status_code=204)
+
+
+@router.delete("/{worker_id}", status_code=204, response_class=Response)
+def deregister(worker_id: int, ctx: Ctx) -> Response:
+    workers.deregister(ctx.db, worker_id)
+    return Response(status_code=204)
+
+
+@router.get("/{worker_id}/barriers", response_model=PollResponse)
+def poll(
+    worker_id: int,
+    ctx: Ctx,
+    timeout_ms: Annotated[int, Query(ge=0, le=60_000)] = 5_000,
+) -> PollResponse:
+    r = workers.poll(ctx.db, worker_id, ctx.settings.worker_lease_ms, timeout_ms)
+    return PollResponse(
+        worker_id=r.worker_id,
+        lease_ms=r.lease_ms,
+        assignments=[ActorAssignment(**a.__dict__) for a in r.assignments],
+    )
+
+
+@router.post("/{worker_id}/collect", response_model=CollectResponse)
+def collect(worker_id: int, body: CollectRequest, ctx: Ctx) -> CollectResponse:
+    r = workers.collect(
+        ctx.db,
+        worker_id,
+        body.actor_id,
+        body.prev_epoch,
+        body.curr_epoch,
+        progress=body.progress,
+        rows=body.rows,
+        finished=body.finished,
+        lease_ms=ctx.settings.worker_lease_ms,
+    )
+    return CollectResponse(status=r.status, committed_epoch=r.committed_epoch)  # type: ignore[arg-type]
+
+
+@router.post("/{worker_id}/failures", status_code=202, response_class=Response)
+def report_failure(worker_id: int, body: FailureReport, ctx: Ctx) -> Response:
+    workers.report_failure(ctx.db, worker_id, body.actor_id, body.message)
+    return Response(status_code=202)

@@ -1,0 +1,243 @@
+"""Barrier injection, collection and commit (DESIGN section 5).
+
+All decisions live in Postgres transactions that lock the graph row, so several
+control-plane replicas can serve collects while one leader injects: a barrier is never
+committed twice or out of order. Table DML holds the same row ``FOR SHARE``, so the
+injection that closes an epoch waits for the DML still writing into it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, delete, func, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
+from service.meta import metrics
+from service.meta.epochs import next_epoch
+
+COMMIT_KINDS = ("checkpoint", "initial")
+
+
+def lock_graph(session: Session, graph_id: int) -> Graph:
+    return session.execute(select(Graph).where(Graph.id == graph_id).with_for_update()).scalar_one()
+
+
+def inject(
+    session: Session, graph_id: int, now_ms: int, *, checkpoint_frequency: int, max_inflight: int
+) -> Barrier | None:
+    """Inject the next barrier into a running graph (None when held back)."""
+    graph = lock_graph(session, graph_id)
+    if graph.state != "running":
+        return None
+    inflight = session.execute(
+        select(func.count()).where(Barrier.graph_id == graph_id, Barrier.state != "committed")
+    ).scalar_one()
+    if inflight >= max_inflight:
+        return None
+    prev = graph.current_epoch
+    curr = next_epoch(prev, now_ms)
+    graph.barrier_seq += 1
+    if prev == 0:
+        kind = "initial"
+    else:
+        kind = "checkpoint" if graph.barrier_seq % checkpoint_frequency == 0 else "barrier"
+    mutation = _pop_mutation(session, graph_id)
+    if mutation:
+        _apply_lifetimes(session, mutation, curr)
+    barrier = Barrier(
+        graph_id=graph_id, prev_epoch=prev, curr_epoch=curr, kind=kind, mutation=mutation
+    )
+    session.add(barrier)
+    graph.current_epoch = curr
+    session.flush()
+    metrics.BARRIERS_INJECTED.labels(str(graph_id), kind).inc()
+    try_complete(session, graph)
+    return barrier
+
+
+def _pop_mutation(session: Session, graph_id: int) -> dict[str, Any] | None:
+    pending = session.execute(
+        select(PendingMutation)
+        .where(PendingMutation.graph_id == graph_id)
+        .order_by(PendingMutation.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    ).scalar_one_or_none()
+    if pending is None:
+        return None
+    mutation = dict(pending.mutation)
+    session.delete(pending)
+    return mutation
+
+
+def _apply_lifetimes(session: Session, mutation: dict[str, Any], curr: int) -> None:
+    if mutation.get("add"):
+        session.execute(update(Actor).where(Actor.id.in_(mutation["add"])).values(first_epoch=curr))
+    if mutation.get("stop"):
+        session.execute(update(Actor).where(Actor.id.in_(mutation["stop"])).values(last_epoch=curr))
+
+
+def enqueue_mutation(session: Session, graph_id: int, mutation: dict[str, Any]) -> None:
+    session.add(PendingMutation(graph_id=graph_id, mutation=mutation))
+
+
+def required_actors(graph_id: int, curr: int) -> Any:
+    """Actors that must collect the barrier opening ``curr``."""
+    return select(Actor.id).where(
+        Actor.graph_id == graph_id,
+        Actor.first_epoch.is_not(None),
+        Actor.first_epoch <= curr,
+        or_(Actor.last_epoch.is_(None), Actor.last_epoch >= curr),
+    )
+
+
+# One statement tells, for every uncommitted barrier in order, how many actors must
+# collect it and how many did (this runs on every collect: keep it to one round trip).
+_PENDING = text(
+    """
+    SELECT b.curr_epoch, b.prev_epoch, b.kind, b.state,
+      (SELECT count(*) FROM actors a
+        WHERE a.graph_id = b.graph_id AND a.first_epoch <= b.curr_epoch
+          AND (a.last_epoch IS NULL OR a.last_epoch >= b.curr_epoch)) AS required,
+      (SELECT count(*) FROM barrier_collects c JOIN actors a ON a.id = c.actor_id
+        WHERE c.graph_id = b.graph_id AND c.curr_epoch = b.curr_epoch
+          AND a.first_epoch <= b.curr_epoch
+          AND (a.last_epoch IS NULL OR a.last_epoch >= b.curr_epoch)) AS collected
+    FROM barriers b
+    WHERE b.graph_id = :g AND b.state <> 'committed'
+    ORDER BY b.curr_epoch
+    """
+)
+
+_PERSIST_VNODES = text(
+    """
+    INSERT INTO vnode_progress (job_id, vnode, state, current_pos, row_count, epoch)
+    SELECT a.job_id, (v->>'vnode')::int, v->>'state', v->'current_pos',
+           coalesce((v->>'row_count')::bigint, 0), :prev
+    FROM barrier_collects c JOIN actors a ON a.id = c.actor_id,
+         jsonb_array_elements(coalesce(c.progress->'vnodes', '[]'::jsonb)) v
+    WHERE c.graph_id = :g AND c.curr_epoch = :curr
+    ON CONFLICT (job_id, vnode) DO UPDATE SET state = EXCLUDED.state,
+      current_pos = EXCLUDED.current_pos, row_count = EXCLUDED.row_count, epoch = EXCLUDED.epoch
+    """
+)
+
+_PERSIST_SPLITS = text(
+    """
+    INSERT INTO split_progress (job_id, split, state, "offset", target_offset, num_consumed_rows, epoch)
+    SELECT a.job_id, x->>'split', x->>'state', (x->>'offset')::bigint, (x->>'target_offset')::bigint,
+           coalesce((x->>'num_consumed_rows')::bigint, 0), :prev
+    FROM barrier_collects c JOIN actors a ON a.id = c.actor_id,
+         jsonb_array_elements(coalesce(c.progress->'splits', '[]'::jsonb)) x
+    WHERE c.graph_id = :g AND c.curr_epoch = :curr
+    ON CONFLICT (job_id, split) DO UPDATE SET state = EXCLUDED.state, "offset" = EXCLUDED."offset",
+      target_offset = EXCLUDED.target_offset, num_consumed_rows = EXCLUDED.num_consumed_rows,
+      epoch = EXCLUDED.epoch
+    """
+)
+
+_FINISH_ACTORS = text(
+    """
+    UPDATE actors SET state = 'finished'
+    WHERE state <> 'finished' AND id IN (
+      SELECT actor_id FROM barrier_collects
+      WHERE graph_id = :g AND curr_epoch <= :curr AND finished)
+    """
+)
+
+_FINISH_JOBS = text(
+    """
+    UPDATE jobs j SET state = 'created', finished_epoch = :prev, updated_at = now()
+    WHERE j.graph_id = :g AND j.state = 'creating'
+      AND EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL)
+      AND NOT EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL
+                      AND a.state <> 'finished')
+    """
+)
+
+_MARK_COMMITTED = text(
+    """
+    UPDATE barriers SET state = 'committed', committed_at = now()
+    WHERE graph_id = :g AND state <> 'committed' AND curr_epoch <= :curr
+    RETURNING extract(epoch FROM committed_at - injected_at)
+    """
+)
+
+
+def try_complete(session: Session, graph: Graph) -> int | None:
+    """Complete barriers in order and commit at the last complete checkpoint.
+
+    The graph row must be locked by the caller. Returns the newly committed epoch.
+    """
+    session.flush()
+    pending = session.execute(_PENDING, {"g": graph.id}).all()
+    complete = 0
+    commit_at = None
+    for i, (curr, prev, kind, _state, required, collected) in enumerate(pending):
+        if collected < required:
+            break
+        complete = i + 1
+        if kind in COMMIT_KINDS:
+            commit_at = (curr, prev)
+    newly = [row[0] for row in pending[:complete] if row[3] == "inflight"]
+    if newly:
+        session.execute(
+            update(Barrier)
+            .where(Barrier.graph_id == graph.id, Barrier.curr_epoch.in_(newly))
+            .values(state="collected")
+        )
+    committed = None
+    if commit_at is not None:
+        curr, prev = commit_at
+        params = {"g": graph.id, "curr": curr, "prev": prev}
+        graph.committed_epoch = max(graph.committed_epoch, prev)
+        session.execute(_PERSIST_VNODES, params)
+        session.execute(_PERSIST_SPLITS, params)
+        session.execute(_FINISH_ACTORS, params)
+        session.execute(_FINISH_JOBS, params)
+        for (latency,) in session.execute(_MARK_COMMITTED, params).all():
+            metrics.BARRIER_LATENCY.labels(str(graph.id)).observe(max(0.0, float(latency)))
+        committed = prev
+    metrics.INFLIGHT_BARRIERS.labels(str(graph.id)).set(
+        len(pending) - (sum(1 for r in pending if commit_at and r[0] <= commit_at[0]))
+    )
+    metrics.COMMITTED_EPOCH.labels(str(graph.id)).set(graph.committed_epoch)
+    session.flush()
+    return committed
+
+
+def trim_history(session: Session, graph_id: int, keep: int = 200) -> int:
+    """Drop committed barriers (and their collects) beyond the newest ``keep``."""
+    cutoff = session.execute(
+        select(Barrier.curr_epoch)
+        .where(Barrier.graph_id == graph_id, Barrier.state == "committed")
+        .order_by(Barrier.curr_epoch.desc())
+        .offset(keep)
+        .limit(1)
+    ).scalar_one_or_none()
+    if cutoff is None:
+        return 0
+    session.execute(
+        delete(BarrierCollect).where(
+            BarrierCollect.graph_id == graph_id, BarrierCollect.curr_epoch <= cutoff
+        )
+    )
+    res = session.execute(
+        delete(Barrier).where(
+            and_(
+                Barrier.graph_id == graph_id,
+                Barrier.state == "committed",
+                Barrier.curr_epoch <= cutoff,
+            )
+        )
+    )
+    return int(res.rowcount or 0)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    status: str  # accepted | duplicate
+    committed_epoch: int

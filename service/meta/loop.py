@@ -1,0 +1,131 @@
+"""The barrier loop: one leader per deployment (a Postgres advisory lock) ticks every
+``barrier_interval_ms``: expires workers, recovers graphs, injects barriers, trims
+history and runs garbage collection now and then. Other replicas wait for the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+import psycopg2
+from sqlalchemy import select
+
+from service.catalog.models import Barrier, Graph
+from service.clock import Clock, system_clock
+from service.db import Database
+from service.meta import barriers, gc, metrics, recovery
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
+GC_EVERY_TICKS = 50
+
+
+class MetaLoop:
+    def __init__(self, settings: Settings, db: Database, clock: Clock = system_clock) -> None:
+        self.settings = settings
+        self.db = db
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock_conn: psycopg2.extensions.connection | None = None
+        self.is_leader = threading.Event()
+        self.ticks = 0
+
+    # leadership -------------------------------------------------------------
+
+    def _try_lead(self) -> bool:
+        try:
+            if self._lock_conn is None or self._lock_conn.closed:
+                self._lock_conn = psycopg2.connect(self.db.libpq_url)
+                self._lock_conn.autocommit = True
+            with self._lock_conn.cursor() as cur:
+                if self.is_leader.is_set():
+                    cur.execute("SELECT 1")  # still connected: still holding the lock
+                    return True
+                cur.execute("SELECT pg_try_advisory_lock(%s)", (LEADER_LOCK_ID,))
+                won = bool(cur.fetchone()[0])
+        except psycopg2.Error:
+            self._drop_lock_conn()
+            return False
+        if won:
+            self.is_leader.set()
+            metrics.IS_LEADER.set(1)
+            log.info("this control plane is now the barrier leader")
+            self._on_become_leader()
+        return won
+
+    def _drop_lock_conn(self) -> None:
+        if self._lock_conn is not None:
+            with contextlib.suppress(psycopg2.Error):
+                self._lock_conn.close()
+        self._lock_conn = None
+        if self.is_leader.is_set():
+            log.warning("lost barrier leadership")
+        self.is_leader.clear()
+        metrics.IS_LEADER.set(0)
+
+    def _on_become_leader(self) -> None:
+        """A new leader cannot know what the old one had in flight: recover those graphs."""
+        with self.db.transaction() as s:
+            graphs = s.execute(
+                select(Barrier.graph_id).where(Barrier.state != "committed").distinct()
+            ).scalars()
+            for g in list(graphs):
+                recovery.request_recovery(s, g, "control plane restarted")
+
+    # ticks ----------------------------------------------------------------
+
+    def tick(self) -> None:
+        """One round of the leader's duties (also called directly by tests)."""
+        now = self.clock()
+        with self.db.transaction() as s:
+            recovery.expire_workers(s)
+            for g in recovery.graphs_with_orphans(s):
+                recovery.request_recovery(s, g, "actor without a live worker")
+        with self.db.transaction() as s:
+            graphs = list(s.execute(select(Graph.id, Graph.state).order_by(Graph.id)).all())
+        for graph_id, state in graphs:
+            with self.db.transaction() as s:
+                if state == "recovering":
+                    recovery.recover(s, graph_id, now)
+                else:
+                    barriers.inject(
+                        s,
+                        graph_id,
+                        now,
+                        checkpoint_frequency=self.settings.checkpoint_frequency,
+                        max_inflight=self.settings.max_pending_barriers,
+                    )
+        self.ticks += 1
+        if self.ticks % GC_EVERY_TICKS == 0:
+            for graph_id, _ in graphs:
+                with self.db.transaction() as s:
+                    barriers.trim_history(s, graph_id)
+            gc.run_gc(self.db, self.settings.gc_retention_ms)
+
+    def run(self) -> None:
+        interval = self.settings.barrier_interval_ms / 1000
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            if self._try_lead():
+                try:
+                    self.tick()
+                except Exception:
+                    log.exception("barrier loop tick failed")
+            next_at = max(next_at + interval, time.monotonic())
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+        self._drop_lock_conn()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="barrier-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)

@@ -1,0 +1,31 @@
+"""Prometheus metrics of the meta role (one registry per process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+BARRIER_LATENCY = Histogram(
+    "backfill_barrier_latency_seconds",
+    "Barrier inject-to-commit latency",
+    ["graph"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
+INFLIGHT_BARRIERS = Gauge(
+    "backfill_inflight_barriers",
+    "Injected barriers not yet committed",
+    ["graph"],
+    registry=REGISTRY,
+)
+COMMITTED_EPOCH = Gauge(
+    "backfill_committed_epoch", "Committed epoch of a graph", ["graph"], registry=REGISTRY
+)
+RECOVERIES = Counter(
+    "backfill_recoveries_total", "Graph recoveries", ["graph", "reason"], registry=REGISTRY
+)
+BARRIERS_INJECTED = Counter(
+    "backfill_barriers_injected_total", "Barriers injected", ["graph", "kind"], registry=REGISTRY
+)
+IS_LEADER = Gauge("backfill_is_leader", "1 while this process injects barriers", registry=REGISTRY)

@@ -1,0 +1,136 @@
+"""Recovery of a graph (DESIGN section 5.4).
+
+Stop injecting, forget uncommitted barriers, roll the graph's derived tables (MVs) back
+to its committed epoch, re-place actors whose worker is gone, then inject an
+``initial`` barrier from the committed epoch; actors restore committed progress.
+
+User tables are not rolled back: DML acknowledged to a client is durable. The changes
+it made in epochs after the committed one are read again by the actors, which
+restart from the committed epoch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+from sqlalchemy import delete, or_, select, update
+from sqlalchemy.orm import Session
+
+from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, Relation, Worker
+from service.catalog.tables import storage_of
+from service.db import raw_cursor
+from service.meta import metrics
+from service.meta.barriers import lock_graph
+from service.meta.epochs import next_epoch
+from service.meta.scheduler import reassign
+
+log = logging.getLogger(__name__)
+
+
+def request_recovery(session: Session, graph_id: int, reason: str) -> None:
+    graph = lock_graph(session, graph_id)
+    if graph.state != "recovering":
+        graph.state = "recovering"
+        graph.recovery_reason = reason
+
+
+def expire_workers(session: Session) -> list[int]:
+    """Declare workers with lapsed leases dead; their graphs go into recovery."""
+    now = dt.datetime.now(dt.UTC)
+    dead = list(
+        session.execute(
+            select(Worker)
+            .where(Worker.state == "alive", Worker.lease_expires_at <= now)
+            .with_for_update()
+        ).scalars()
+    )
+    for w in dead:
+        w.state = "dead"
+        log.warning("worker %s (%s) lease expired", w.id, w.name)
+    if dead:
+        graphs = session.execute(
+            select(Actor.graph_id).where(Actor.worker_id.in_([w.id for w in dead])).distinct()
+        ).scalars()
+        for g in list(graphs):
+            request_recovery(session, g, "worker lease expired")
+    return [w.id for w in dead]
+
+
+def graphs_with_orphans(session: Session) -> list[int]:
+    """Running graphs with a live actor on no worker or on a dead one."""
+    q = (
+        select(Actor.graph_id)
+        .outerjoin(Worker, Worker.id == Actor.worker_id)
+        .join(Graph, Graph.id == Actor.graph_id)
+        .where(
+            Graph.state == "running",
+            Actor.last_epoch.is_(None),
+            or_(Actor.worker_id.is_(None), Worker.state != "alive"),
+        )
+        .distinct()
+    )
+    return list(session.execute(q).scalars())
+
+
+def recover(session: Session, graph_id: int, now_ms: int) -> bool:
+    """Run recovery of one graph; False while no live worker can take its actors."""
+    graph = lock_graph(session, graph_id)
+    committed = graph.committed_epoch
+    reason = graph.recovery_reason or "recovery"
+    uncommitted = select(Barrier.curr_epoch).where(
+        Barrier.graph_id == graph_id, Barrier.state != "committed"
+    )
+    session.execute(
+        delete(BarrierCollect).where(
+            BarrierCollect.graph_id == graph_id, BarrierCollect.curr_epoch.in_(uncommitted)
+        )
+    )
+    session.execute(
+        delete(Barrier).where(Barrier.graph_id == graph_id, Barrier.state != "committed")
+    )
+    cur = raw_cursor(session)
+    for rel in session.execute(
+        select(Relation).where(Relation.graph_id == graph_id, Relation.kind == "mv")
+    ).scalars():
+        storage_of(rel).rollback(cur, committed)
+
+    actors = list(
+        session.execute(
+            select(Actor).where(
+                Actor.graph_id == graph_id,
+                or_(Actor.last_epoch.is_(None), Actor.last_epoch > committed),
+            )
+        ).scalars()
+    )
+    alive = {w for w in session.execute(select(Worker.id).where(Worker.state == "alive")).scalars()}
+    orphans = [a for a in actors if a.worker_id not in alive]
+    if orphans and not reassign(session, orphans):
+        graph.state = "recovering"
+        graph.recovery_reason = reason
+        return False
+
+    curr = next_epoch(max(graph.current_epoch, committed), now_ms)
+    # stops and adds decided by forgotten barriers are undone; every live actor restarts
+    session.execute(
+        update(Actor)
+        .where(Actor.graph_id == graph_id, Actor.last_epoch > committed)
+        .values(last_epoch=None)
+    )
+    session.execute(
+        update(Actor)
+        .where(Actor.graph_id == graph_id, Actor.last_epoch.is_(None))
+        .values(first_epoch=curr)
+    )
+    session.add(Barrier(graph_id=graph_id, prev_epoch=committed, curr_epoch=curr, kind="initial"))
+    graph.current_epoch = curr
+    graph.recovery_seq += 1
+    graph.state = "running"
+    graph.recovery_reason = None
+    session.flush()
+    metrics.RECOVERIES.labels(str(graph_id), reason).inc()
+    log.warning("graph %s recovered from epoch %s (%s)", graph_id, committed, reason)
+    from service.meta.barriers import try_complete
+
+    try_complete(session, graph)
+    return True

@@ -1,0 +1,326 @@
+"""The worker side of the protocol: register, heartbeat, poll barriers, collect, fail."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from service.catalog.models import (
+    Actor,
+    BarrierCollect,
+    Graph,
+    Job,
+    Relation,
+    VnodeProgress,
+    Worker,
+)
+from service.db import Database
+from service.errors import Conflict, Gone, NotFound
+from service.meta.barriers import CollectResult, lock_graph, try_complete
+from service.meta.recovery import request_recovery
+
+
+@dataclass
+class Assignment:
+    actor_id: int
+    job_id: int
+    graph_id: int
+    recovery_seq: int
+    vnodes: list[Any]
+    splits: list[Any]
+    job: dict[str, Any]
+    barriers: list[dict[str, Any]]
+    restore: dict[str, Any] | None = None
+
+
+@dataclass
+class PollResult:
+    worker_id: int
+    lease_ms: int
+    assignments: list[Assignment] = field(default_factory=list)
+
+    @property
+    def has_barriers(self) -> bool:
+        return any(a.barriers for a in self.assignments)
+
+
+def _lease(lease_ms: int) -> dt.datetime:
+    return dt.datetime.now(dt.UTC) + dt.timedelta(milliseconds=lease_ms)
+
+
+def register(db: Database, name: str, capacity: int, lease_ms: int) -> Worker:
+    with db.transaction() as s:
+        w = Worker(name=name, capacity=capacity, state="alive", lease_expires_at=_lease(lease_ms))
+        s.add(w)
+        s.flush()
+        return w
+
+
+def _alive(s: Session, worker_id: int, lease_ms: int) -> Worker:
+    w = s.execute(
+        select(Worker).where(Worker.id == worker_id).with_for_update()
+    ).scalar_one_or_none()
+    if w is None:
+        raise NotFound(f"worker {worker_id} is not registered", {"worker_id": worker_id})
+    if w.state != "alive":
+        raise Gone(
+            f"worker {worker_id} was declared {w.state}: register again", {"worker_id": worker_id}
+        )
+    w.lease_expires_at = _lease(lease_ms)
+    w.last_heartbeat_at = dt.datetime.now(dt.UTC)
+    return w
+
+
+def heartbeat(db: Database, worker_id: int, lease_ms: int) -> None:
+    with db.transaction() as s:
+        _alive(s, worker_id, lease_ms)
+
+
+def deregister(db: Database, worker_id: int) -> None:
+    """A clean stop: the worker's graphs recover onto the remaining workers."""
+    with db.transaction() as s:
+        w = _alive(s, worker_id, 0)
+        w.state = "stopped"
+        graphs = s.execute(
+            select(Actor.graph_id).where(Actor.worker_id == worker_id).distinct()
+        ).scalars()
+        for g in list(graphs):
+            request_recovery(s, g, "worker stopped")
+
+
+def report_failure(db: Database, worker_id: int, actor_id: int | None, message: str) -> None:
+    with db.transaction() as s:
+        w = s.get(Worker, worker_id)
+        if w is None:
+            raise NotFound(f"worker {worker_id} is not registered", {"worker_id": worker_id})
+        q = select(Actor.graph_id).where(Actor.worker_id == worker_id)
+        if actor_id is not None:
+            q = q.where(Actor.id == actor_id)
+        for g in list(s.execute(q.distinct()).scalars()):
+            request_recovery(s, g, f"worker failure: {message[:200]}")
+
+
+def _job_spec(s: Session, job: Job) -> dict[str, Any]:
+    def rel_name(rel_id: int | None) -> str | None:
+        return s.get(Relation, rel_id).name if rel_id is not None else None  # type: ignore[union-attr]
+
+    return {
+        "id": job.id,
+        "name": job.name,
+        "kind": job.kind,
+        "upstream_table": rel_name(job.upstream_relation_id),
+        "mv_table": rel_name(job.mv_relation_id),
+        "columns": job.columns,
+        "filter": job.filter,
+        "rate_limit": job.rate_limit,
+        "paused": job.paused,
+        "snapshot_epoch": job.snapshot_epoch,
+    }
+
+
+def _upstream_actors(s: Session, job: Job) -> list[int]:
+    """Actors of the jobs this job reads from (their barriers must be collected first)."""
+    if job.upstream_relation_id is None:
+        return []
+    producers = select(Job.id).where(Job.mv_relation_id == job.upstream_relation_id)
+    return list(
+        s.execute(
+            select(Actor.id).where(Actor.job_id.in_(producers), Actor.last_epoch.is_(None))
+        ).scalars()
+    )
+
+
+_READY_BARRIERS = text(
+    """
+    SELECT a.id, b.prev_epoch, b.curr_epoch, b.kind, b.mutation
+    FROM actors a
+    JOIN barriers b ON b.graph_id = a.graph_id AND b.curr_epoch >= a.first_epoch
+      AND (a.last_epoch IS NULL OR b.curr_epoch <= a.last_epoch)
+    WHERE a.worker_id = :w
+      AND NOT EXISTS (SELECT 1 FROM barrier_collects c
+                      WHERE c.actor_id = a.id AND c.curr_epoch = b.curr_epoch)
+    ORDER BY a.id, b.curr_epoch
+    """
+)
+
+
+def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
+    out = []
+    actors = s.execute(
+        select(Actor, Graph, Job)
+        .join(Graph, Graph.id == Actor.graph_id)
+        .join(Job, Job.id == Actor.job_id)
+        .where(Actor.worker_id == worker_id, Actor.first_epoch.is_not(None))
+        .order_by(Actor.id)
+    ).all()
+    if not actors:
+        return out
+    by_actor: dict[int, list[Any]] = {}
+    for actor_id, prev, curr, kind, mutation in s.execute(_READY_BARRIERS, {"w": worker_id}).all():
+        lst = by_actor.setdefault(actor_id, [])
+        if len(lst) < max_barriers:
+            lst.append({"prev": prev, "curr": curr, "kind": kind, "mutation": mutation})
+    specs: dict[int, dict[str, Any]] = {}
+    upstreams: dict[int, list[int]] = {}
+    for actor, graph, job in actors:
+        barriers = by_actor.get(actor.id, [])
+        if actor.last_epoch is not None and not barriers:
+            continue  # stopped and done
+        if job.id not in upstreams:
+            upstreams[job.id] = _upstream_actors(s, job)
+            specs[job.id] = _job_spec(s, job)
+        upstream = upstreams[job.id]
+        ready = []
+        for b in barriers:
+            if upstream:
+                done = s.execute(
+                    select(func.count()).where(
+                        BarrierCollect.curr_epoch == b["curr"],
+                        BarrierCollect.actor_id.in_(upstream),
+                    )
+                ).scalar_one()
+                if done < len(upstream):
+                    break
+            ready.append(b)
+        restore = None
+        if ready and (ready[0]["kind"] == "initial" or ready[0]["curr"] == actor.first_epoch):
+            restore = _restore(s, actor)
+        out.append(
+            Assignment(
+                actor_id=actor.id,
+                job_id=job.id,
+                graph_id=graph.id,
+                recovery_seq=graph.recovery_seq,
+                vnodes=actor.vnodes,
+                splits=actor.splits,
+                job=specs[job.id],
+                barriers=ready,
+                restore=restore,
+            )
+        )
+    return out
+
+
+def _restore(s: Session, actor: Actor) -> dict[str, Any]:
+    """Committed progress of the actor's vnodes, to restart from."""
+    vnodes = [v for lo, hi in actor.vnodes for v in range(lo, hi)]
+    rows = s.execute(
+        select(VnodeProgress).where(
+            VnodeProgress.job_id == actor.job_id, VnodeProgress.vnode.in_(vnodes)
+        )
+    ).scalars()
+    return {
+        "vnodes": [
+            {
+                "vnode": p.vnode,
+                "state": p.state,
+                "current_pos": p.current_pos,
+                "row_count": p.row_count,
+            }
+            for p in rows
+        ],
+        "finished": actor.state == "finished",
+    }
+
+
+def poll(
+    db: Database, worker_id: int, lease_ms: int, timeout_ms: int, *, max_barriers: int = 100
+) -> PollResult:
+    """Long poll: return as soon as a barrier is ready for one of the worker's actors."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    delay = 0.002
+    while True:
+        with db.transaction() as s:
+            _alive(s, worker_id, lease_ms)
+        with db.transaction() as s:
+            result = PollResult(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
+        if result.has_barriers or time.monotonic() >= deadline:
+            return result
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
+
+
+_ACTOR_OF_WORKER = text(
+    "SELECT a.graph_id, a.first_epoch, a.worker_id, w.state AS worker_state "
+    "FROM actors a LEFT JOIN workers w ON w.id = a.worker_id WHERE a.id = :a"
+)
+
+# Inserts only for a live barrier of the actor's graph that it has not collected yet.
+_INSERT_COLLECT = text(
+    """
+    INSERT INTO barrier_collects (actor_id, curr_epoch, graph_id, prev_epoch, progress, rows, finished)
+    SELECT :a, b.curr_epoch, b.graph_id, b.prev_epoch, CAST(:progress AS jsonb), :rows, :finished
+    FROM barriers b
+    WHERE b.graph_id = :g AND b.curr_epoch = :curr AND b.prev_epoch = :prev
+      AND b.state <> 'committed' AND CAST(:first AS bigint) IS NOT NULL AND b.curr_epoch >= :first
+    ON CONFLICT (actor_id, curr_epoch) DO NOTHING
+    RETURNING actor_id
+    """
+)
+
+
+def collect(
+    db: Database,
+    worker_id: int,
+    actor_id: int,
+    prev_epoch: int,
+    curr_epoch: int,
+    *,
+    progress: dict[str, Any] | None,
+    rows: int,
+    finished: bool,
+    lease_ms: int,
+) -> CollectResult:
+    """Record that an actor finished an epoch's work; commits when the graph is complete.
+
+    Idempotent per (actor, epoch): a repeated collect changes nothing. A collect for an
+    unknown actor, another worker's actor, or a barrier recovery discarded is a 409.
+    """
+    with db.transaction() as s:
+        found = s.execute(_ACTOR_OF_WORKER, {"a": actor_id}).first()
+        if found is None or found.worker_id != worker_id:
+            worker_state = s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar()
+            if worker_state is None:
+                raise NotFound(f"worker {worker_id} is not registered", {"worker_id": worker_id})
+            raise Conflict(
+                f"actor {actor_id} is not assigned to worker {worker_id}", {"actor_id": actor_id}
+            )
+        if found.worker_state != "alive":
+            raise Gone(
+                f"worker {worker_id} was declared {found.worker_state}: register again",
+                {"worker_id": worker_id},
+            )
+        graph = lock_graph(s, found.graph_id)
+        inserted = s.execute(
+            _INSERT_COLLECT,
+            {
+                "a": actor_id,
+                "g": found.graph_id,
+                "prev": prev_epoch,
+                "curr": curr_epoch,
+                "first": found.first_epoch,
+                "progress": json.dumps(progress) if progress is not None else None,
+                "rows": rows,
+                "finished": finished,
+            },
+        ).first()
+        if inserted is None:
+            earlier = s.execute(
+                select(BarrierCollect.prev_epoch).where(
+                    BarrierCollect.actor_id == actor_id, BarrierCollect.curr_epoch == curr_epoch
+                )
+            ).scalar()
+            if earlier == prev_epoch:
+                return CollectResult("duplicate", graph.committed_epoch)
+            raise Conflict(
+                f"stale or unknown barrier {prev_epoch}->{curr_epoch} for actor {actor_id}",
+                {"actor_id": actor_id, "committed_epoch": graph.committed_epoch},
+            )
+        try_complete(s, graph)
+        return CollectResult("accepted", graph.committed_epoch)

@@ -1,0 +1,211 @@
+"""The meta with scripted fake workers: ordering, commit, idempotency, recovery.
+
+The barrier loop is driven by hand (``tick``) so each scenario is exact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text, update
+
+from backfill_core.changes import Version
+from service.api.app import create_app
+from service.catalog import tables
+from service.catalog.models import Worker
+from service.db import Database, raw_cursor
+from service.meta.loop import MetaLoop
+from service.settings import Settings
+from tests.integration.test_health_and_errors import assert_error
+from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch, make_job
+
+
+@pytest.fixture
+def manual(db: Database, fresh_db_url: str) -> Iterator[tuple[TestClient, MetaLoop]]:
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, worker_lease_ms=60_000)
+    loop = MetaLoop(settings, db)
+    with TestClient(create_app(settings, db)) as client:
+        yield client, loop
+
+
+def test_barriers_commit_only_when_every_actor_collected(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    w = FakeWorker(client).register()
+    job = make_job(db, "j", parallelism=3)
+    loop.tick()  # the barrier that adds the 3 actors
+    loop.tick()
+    assignments = w.poll()
+    assert sorted(a["actor_id"] for a in assignments) == [a.id for a in actors_of(db, job)]
+    for a in assignments:
+        epochs = [(b["prev"], b["curr"]) for b in a["barriers"]]
+        assert len(epochs) == 2 and epochs[0][1] == epochs[1][0]  # in order, chained
+        assert a["restore"] == {"vnodes": [], "finished": False}
+    before = committed_epoch(db)
+    held = assignments[0]["actor_id"]
+    w.collect_all(skip_actor=held)
+    assert committed_epoch(db) == before  # one missing collect holds the commit
+    w.collect_all()
+    first, second = barriers_of(db)[-2:]
+    assert committed_epoch(db) == second.prev_epoch == first.curr_epoch
+    assert {b.state for b in barriers_of(db)} == {"committed"}
+    with db.engine.connect() as conn:
+        rows = conn.execute(text("SELECT count(*), min(epoch) FROM vnode_progress")).one()
+    assert rows == (16, second.prev_epoch)  # progress of all 16 vnodes committed with the epoch
+
+
+def test_collects_are_idempotent_and_stale_or_unknown_ones_change_nothing(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    w = FakeWorker(client).register()
+    make_job(db, "j", parallelism=1)
+    loop.tick()
+    loop.tick()
+    [a] = w.poll()
+    b0, b1 = a["barriers"]
+    assert w.collect(a["actor_id"], b0).json()["status"] == "accepted"
+    assert w.collect(a["actor_id"], b0).json()["status"] == "duplicate"
+    assert w.collect(a["actor_id"], b1).json()["status"] == "accepted"
+    assert w.collect(a["actor_id"], b1).json()["status"] == "duplicate"  # also after the commit
+    committed = committed_epoch(db)
+    assert_error(
+        w.collect(a["actor_id"], {"prev": b1["prev"], "curr": b1["curr"] + 1}), 409, "conflict"
+    )
+    assert_error(
+        w.collect(a["actor_id"], {"prev": b0["curr"] - 5, "curr": b1["curr"]}), 409, "conflict"
+    )
+    assert_error(w.collect(99999, b1), 409, "conflict")
+    other = FakeWorker(client, name="other").register()
+    assert_error(other.collect(a["actor_id"], b1), 409, "conflict")
+    assert committed_epoch(db) == committed
+    assert_error(
+        client.post(
+            "/v1/workers/424242/collect", json={"actor_id": 1, "prev_epoch": 0, "curr_epoch": 1}
+        ),
+        404,
+        "not_found",
+    )
+
+
+def test_graph_without_actors_commits_every_barrier(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    _, loop = manual
+    for _ in range(3):
+        loop.tick()
+    bs = barriers_of(db)
+    assert [b.kind for b in bs] == ["initial", "checkpoint", "checkpoint"]
+    assert committed_epoch(db) == bs[-1].prev_epoch
+    assert all(b.prev_epoch == a.curr_epoch for a, b in zip(bs, bs[1:], strict=False))
+
+
+def test_non_checkpoint_barriers_commit_with_the_next_checkpoint(
+    db: Database, fresh_db_url: str
+) -> None:
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, checkpoint_frequency=3)
+    loop = MetaLoop(settings, db)
+    with TestClient(create_app(settings, db)) as client:
+        w = FakeWorker(client).register()
+        make_job(db, "j", parallelism=2)
+        for _ in range(4):
+            loop.tick()
+        w.collect_all()
+        kinds = [b.kind for b in barriers_of(db)]
+        assert kinds == ["initial", "barrier", "checkpoint", "barrier"]
+        assert committed_epoch(db) == barriers_of(db)[2].prev_epoch
+        assert barriers_of(db)[3].state == "collected"
+
+
+def test_dead_worker_triggers_recovery_rollback_and_the_graph_goes_on(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    w1 = FakeWorker(client, name="w1").register()
+    job = make_job(db, "j", parallelism=2)
+    loop.tick()
+    loop.tick()
+    w1.collect_all()
+    committed = committed_epoch(db)
+    # w1 writes MV rows for the open epoch, then dies before collecting it
+    loop.tick()
+    open_epoch = barriers_of(db)[-1].curr_epoch
+    with db.transaction() as s:
+        mv = tables._get(s, "j_mv")
+        tables.storage_of(mv).write(raw_cursor(s), open_epoch, [Version((1, "uncommitted"))])
+        tables.storage_of(mv).write(raw_cursor(s), committed, [Version((2, "committed"))])
+    w2 = FakeWorker(client, name="w2").register()
+    with db.transaction() as s:
+        s.execute(
+            update(Worker)
+            .where(Worker.id == w1.worker_id)
+            .values(lease_expires_at=dt.datetime.now(dt.UTC))
+        )
+    loop.tick()  # expires w1, recovers the graph onto w2
+    assert w1.heartbeat() == 410
+    assert {a.worker_id for a in actors_of(db, job)} == {w2.worker_id}
+    initial = barriers_of(db)[-1]
+    assert initial.kind == "initial" and initial.prev_epoch == committed
+    with db.engine.connect() as conn:
+        mv_rows = conn.execute(text("SELECT id, _epoch FROM store.j_mv")).all()
+    assert mv_rows == [(2, committed)]  # rolled back to the committed epoch
+    assignments = w2.poll()
+    assert all(a["barriers"][0]["kind"] == "initial" for a in assignments)
+    assert all(a["restore"] is not None and len(a["restore"]["vnodes"]) == 8 for a in assignments)
+    loop.tick()
+    w2.collect_all()
+    assert committed_epoch(db) == initial.curr_epoch  # continues from the committed epoch
+    metrics = client.get("/metrics").text
+    assert 'backfill_recoveries_total{graph="1",reason="worker lease expired"}' in metrics
+
+
+def test_failure_report_and_restart_recover(
+    manual: tuple[TestClient, MetaLoop], db: Database, fresh_db_url: str
+) -> None:
+    client, loop = manual
+    w = FakeWorker(client).register()
+    make_job(db, "j", parallelism=1)
+    loop.tick()
+    loop.tick()
+    w.collect_all()
+    assert (
+        client.post(f"/v1/workers/{w.worker_id}/failures", json={"message": "boom"}).status_code
+        == 202
+    )
+    loop.tick()
+    assert barriers_of(db)[-1].kind == "initial"
+    [a] = w.poll()
+    assert a["recovery_seq"] == 1
+    w.collect_all()
+    loop.tick()  # an uncollected barrier in flight when the leader changes
+    successor = MetaLoop(Settings(database_url=fresh_db_url, run_barrier_loop=False), db)
+    assert successor._try_lead()
+    successor.tick()
+    assert barriers_of(db)[-1].kind == "initial"
+    [a] = w.poll()
+    assert a["recovery_seq"] == 2
+    successor._drop_lock_conn()
+
+
+def test_no_live_worker_keeps_the_graph_recovering_until_one_registers(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    make_job(db, "j", parallelism=2)  # nobody to run it
+    loop.tick()
+    loop.tick()
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT state FROM graphs WHERE id = 1")).scalar() == "recovering"
+    n = len(barriers_of(db))
+    loop.tick()
+    assert len(barriers_of(db)) == n  # no injection while recovering
+    w = FakeWorker(client).register()
+    loop.tick()
+    loop.tick()
+    assert w.collect_all() >= 2
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT state FROM graphs WHERE id = 1")).scalar() == "running"

@@ -1,0 +1,73 @@
+"""Leadership and the closing of epochs: one injector at a time; DML finishes first."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg2
+from sqlalchemy import text
+
+from service.db import Database
+from service.meta.epochs import open_dml_epoch
+from service.meta.loop import MetaLoop
+from service.settings import Settings
+from tests.kit.meta import barriers_of
+
+
+def _wait(cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        time.sleep(0.01)
+
+
+def test_two_control_planes_never_inject_at_once(db: Database, fresh_db_url: str) -> None:
+    settings = Settings(database_url=fresh_db_url, barrier_interval_ms=10)
+    a, b = MetaLoop(settings, db), MetaLoop(settings, db)
+    a.start()
+    _wait(lambda: a.is_leader.is_set())
+    b.start()
+    leaders_seen: list[int] = []
+
+    def sample() -> bool:
+        leaders_seen.append(int(a.is_leader.is_set()) + int(b.is_leader.is_set()))
+        return len(barriers_of(db)) >= 40
+
+    _wait(sample)
+    assert not b.is_leader.is_set() and max(leaders_seen) == 1
+    a.stop()  # the leader goes away; the other takes over
+    _wait(lambda: b.is_leader.is_set())
+    n = len(barriers_of(db))
+    _wait(lambda: len(barriers_of(db)) >= n + 20)
+    b.stop()
+    bs = barriers_of(db)
+    assert [x.curr_epoch for x in bs] == sorted({x.curr_epoch for x in bs})
+    for prev, nxt in zip(bs, bs[1:], strict=False):
+        assert nxt.prev_epoch == prev.curr_epoch, (
+            "every barrier closes the epoch the previous one opened"
+        )
+
+
+def test_injection_waits_for_dml_of_the_closing_epoch(db: Database, fresh_db_url: str) -> None:
+    loop = MetaLoop(Settings(database_url=fresh_db_url, run_barrier_loop=False), db)
+    loop.tick()
+    with db.sessions() as s, s.begin():
+        epoch = open_dml_epoch(s, loop.clock())  # a DML transaction still writing
+        ticker = threading.Thread(target=loop.tick)
+        ticker.start()
+        probe = psycopg2.connect(db.libpq_url)
+        probe.autocommit = True
+
+        def injector_waits() -> bool:
+            with probe.cursor() as cur:
+                cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
+                return bool(cur.fetchone()[0])
+
+        _wait(injector_waits)
+        assert barriers_of(db)[-1].curr_epoch == epoch  # not closed yet
+        s.execute(text("SELECT 1"))
+    ticker.join(timeout=60)
+    probe.close()
+    closing = barriers_of(db)[-1]
+    assert closing.prev_epoch == epoch

@@ -1,0 +1,129 @@
+"""Test kit for the meta: scripted fake workers speaking the HTTP protocol, and jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from backfill_core.schema import Column, ColumnType, TableSchema
+from service.catalog import tables
+from service.catalog.models import Actor, Barrier, Graph, Job
+from service.db import Database
+from service.meta.scheduler import place_job_actors
+
+SCHEMA = TableSchema.build(
+    [Column("id", ColumnType.BIGINT), Column("v", ColumnType.TEXT)], ["id"], vnode_count=16
+)
+
+
+def make_job(db: Database, name: str, parallelism: int, *, upstream: str | None = None) -> int:
+    """An arrangement-kind job on the main graph whose actors are placed now."""
+    if upstream is None:
+        upstream = f"{name}_src"
+        tables.create_table(db, upstream, SCHEMA)
+    tables.create_table(db, f"{name}_mv", SCHEMA, kind="mv")
+    with db.transaction() as s:
+        up = tables._get(s, upstream)
+        mv = tables._get(s, f"{name}_mv")
+        job = Job(
+            name=name,
+            kind="arrangement",
+            parallelism=parallelism,
+            upstream_relation_id=up.id,
+            mv_relation_id=mv.id,
+            columns=["id", "v"],
+            graph_id=1,
+        )
+        s.add(job)
+        s.flush()
+        place_job_actors(s, job, SCHEMA.vnode_count)
+        return job.id
+
+
+@dataclass
+class FakeWorker:
+    """Plays the worker side of the protocol; each call is one HTTP request."""
+
+    client: TestClient
+    name: str = "fake"
+    capacity: int = 8
+    worker_id: int = 0
+    collected: list[tuple[int, int]] = field(default_factory=list)  # (actor, curr)
+
+    def register(self) -> FakeWorker:
+        r = self.client.post("/v1/workers", json={"name": self.name, "capacity": self.capacity})
+        assert r.status_code == 201, r.text
+        self.worker_id = r.json()["worker_id"]
+        return self
+
+    def poll(self, timeout_ms: int = 0) -> list[dict[str, Any]]:
+        r = self.client.get(
+            f"/v1/workers/{self.worker_id}/barriers", params={"timeout_ms": timeout_ms}
+        )
+        assert r.status_code == 200, r.text
+        assignments: list[dict[str, Any]] = r.json()["assignments"]
+        return assignments
+
+    def collect(self, actor_id: int, barrier: dict[str, Any], **extra: Any) -> Any:
+        body = {
+            "actor_id": actor_id,
+            "prev_epoch": barrier["prev"],
+            "curr_epoch": barrier["curr"],
+        } | extra
+        return self.client.post(f"/v1/workers/{self.worker_id}/collect", json=body)
+
+    def collect_all(self, *, skip_actor: int | None = None, finished: bool = False) -> int:
+        """Collect every ready barrier of every actor (in order); returns how many."""
+        n = 0
+        for a in self.poll():
+            if a["actor_id"] == skip_actor:
+                continue
+            for b in a["barriers"]:
+                r = self.collect(a["actor_id"], b, finished=finished, progress=_progress(a, b))
+                assert r.status_code == 200, r.text
+                self.collected.append((a["actor_id"], b["curr"]))
+                n += 1
+        return n
+
+    def heartbeat(self) -> int:
+        return self.client.post(f"/v1/workers/{self.worker_id}/heartbeat").status_code
+
+
+def _progress(assignment: dict[str, Any], barrier: dict[str, Any]) -> dict[str, Any]:
+    """Fake per-vnode progress: the row count is the barrier's curr, so it moves."""
+    vnodes = [v for lo, hi in assignment["vnodes"] for v in range(lo, hi)]
+    return {
+        "vnodes": [
+            {
+                "vnode": v,
+                "state": "in_progress",
+                "current_pos": [v],
+                "row_count": barrier["curr"] % 1000,
+            }
+            for v in vnodes
+        ]
+    }
+
+
+def committed_epoch(db: Database, graph_id: int = 1) -> int:
+    with db.transaction() as s:
+        return s.execute(select(Graph.committed_epoch).where(Graph.id == graph_id)).scalar_one()
+
+
+def barriers_of(db: Database, graph_id: int = 1) -> list[Barrier]:
+    with db.transaction() as s:
+        return list(
+            s.execute(
+                select(Barrier).where(Barrier.graph_id == graph_id).order_by(Barrier.curr_epoch)
+            ).scalars()
+        )
+
+
+def actors_of(db: Database, job_id: int) -> list[Actor]:
+    with db.transaction() as s:
+        return list(
+            s.execute(select(Actor).where(Actor.job_id == job_id).order_by(Actor.id)).scalars()
+        )
