@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from service.clock import Clock, system_clock
 from service.db import Database
+from service.meta.signal import BarrierSignal
 from service.settings import Settings
 
 
@@ -14,3 +15,4 @@ class ServiceContext:
     settings: Settings
     db: Database
     clock: Clock = field(default=system_clock)
+    signal: BarrierSignal = field(default_factory=BarrierSignal)

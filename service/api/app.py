@@ -30,8 +30,13 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         database = db or Database.from_settings(settings)
         if settings.auto_migrate:
             migrate.upgrade(database.engine)
-        app.state.ctx = ServiceContext(settings=settings, db=database)
-        loop = MetaLoop(settings, database) if settings.run_barrier_loop else None
+        ctx = ServiceContext(settings=settings, db=database)
+        app.state.ctx = ctx
+        loop = (
+            MetaLoop(settings, database, ctx.clock, ctx.signal)
+            if settings.run_barrier_loop
+            else None
+        )
         app.state.meta_loop = loop
         if loop is not None:
             loop.start()

@@ -76,6 +76,15 @@ class CollectResponse(BaseModel):
     committed_epoch: int
 
 
+class CollectBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    collects: list[CollectRequest] = Field(min_length=1, max_length=1000)
+
+
+class CollectBatchResponse(BaseModel):
+    results: list[CollectResponse]
+
+
 class FailureReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
     actor_id: int | None = None
@@ -108,7 +117,7 @@ def poll(
     ctx: Ctx,
     timeout_ms: Annotated[int, Query(ge=0, le=60_000)] = 5_000,
 ) -> PollResponse:
-    r = workers.poll(ctx.db, worker_id, ctx.settings.worker_lease_ms, timeout_ms)
+    r = workers.poll(ctx.db, worker_id, ctx.settings.worker_lease_ms, timeout_ms, signal=ctx.signal)
     return PollResponse(
         worker_id=r.worker_id,
         lease_ms=r.lease_ms,
@@ -118,18 +127,24 @@ def poll(
 
 @router.post("/{worker_id}/collect", response_model=CollectResponse)
 def collect(worker_id: int, body: CollectRequest, ctx: Ctx) -> CollectResponse:
-    r = workers.collect(
-        ctx.db,
-        worker_id,
-        body.actor_id,
-        body.prev_epoch,
-        body.curr_epoch,
-        progress=body.progress,
-        rows=body.rows,
-        finished=body.finished,
-        lease_ms=ctx.settings.worker_lease_ms,
+    [r] = _collect(ctx, worker_id, [body])
+    return r
+
+
+@router.post("/{worker_id}/collects", response_model=CollectBatchResponse)
+def collect_batch(worker_id: int, body: CollectBatch, ctx: Ctx) -> CollectBatchResponse:
+    """Several collects in one request and one transaction (all or nothing)."""
+    return CollectBatchResponse(results=_collect(ctx, worker_id, body.collects))
+
+
+def _collect(
+    ctx: ServiceContext, worker_id: int, items: list[CollectRequest]
+) -> list[CollectResponse]:
+    results = workers.collect(
+        ctx.db, worker_id, [workers.CollectItem(**i.model_dump()) for i in items]
     )
-    return CollectResponse(status=r.status, committed_epoch=r.committed_epoch)  # type: ignore[arg-type]
+    ctx.signal.notify()  # a commit may release barriers to downstream actors
+    return [CollectResponse(status=r.status, committed_epoch=r.committed_epoch) for r in results]  # type: ignore[arg-type]
 
 
 @router.post("/{worker_id}/failures", status_code=202, response_class=Response)

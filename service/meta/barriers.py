@@ -160,7 +160,7 @@ _FINISH_JOBS = text(
 
 _MARK_COMMITTED = text(
     """
-    UPDATE barriers SET state = 'committed', committed_at = now()
+    UPDATE barriers SET state = 'committed', committed_at = clock_timestamp()
     WHERE graph_id = :g AND state <> 'committed' AND curr_epoch <= :curr
     RETURNING extract(epoch FROM committed_at - injected_at)
     """

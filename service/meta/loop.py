@@ -17,6 +17,7 @@ from service.catalog.models import Barrier, Graph
 from service.clock import Clock, system_clock
 from service.db import Database
 from service.meta import barriers, gc, metrics, recovery
+from service.meta.signal import BarrierSignal
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,7 +27,14 @@ GC_EVERY_TICKS = 50
 
 
 class MetaLoop:
-    def __init__(self, settings: Settings, db: Database, clock: Clock = system_clock) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        clock: Clock = system_clock,
+        signal: BarrierSignal | None = None,
+    ) -> None:
+        self.signal = signal or BarrierSignal()
         self.settings = settings
         self.db = db
         self.clock = clock
@@ -101,6 +109,7 @@ class MetaLoop:
                         checkpoint_frequency=self.settings.checkpoint_frequency,
                         max_inflight=self.settings.max_pending_barriers,
                     )
+        self.signal.notify()
         self.ticks += 1
         if self.ticks % GC_EVERY_TICKS == 0:
             for graph_id, _ in graphs:

@@ -24,6 +24,9 @@ from service.db import Database
 from service.errors import Conflict, Gone, NotFound
 from service.meta.barriers import CollectResult, lock_graph, try_complete
 from service.meta.recovery import request_recovery
+from service.meta.signal import BarrierSignal
+
+RECHECK_S = 0.05
 
 
 @dataclass
@@ -230,20 +233,31 @@ def _restore(s: Session, actor: Actor) -> dict[str, Any]:
 
 
 def poll(
-    db: Database, worker_id: int, lease_ms: int, timeout_ms: int, *, max_barriers: int = 100
+    db: Database,
+    worker_id: int,
+    lease_ms: int,
+    timeout_ms: int,
+    *,
+    max_barriers: int = 100,
+    signal: BarrierSignal | None = None,
 ) -> PollResult:
     """Long poll: return as soon as a barrier is ready for one of the worker's actors."""
     deadline = time.monotonic() + timeout_ms / 1000
-    delay = 0.002
+    with db.transaction() as s:
+        _alive(s, worker_id, lease_ms)
     while True:
-        with db.transaction() as s:
-            _alive(s, worker_id, lease_ms)
+        seen = signal.generation if signal is not None else 0
         with db.transaction() as s:
             result = PollResult(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
-        if result.has_barriers or time.monotonic() >= deadline:
+        left = deadline - time.monotonic()
+        if result.has_barriers or left <= 0:
             return result
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.05)
+        # woken at once by this process's injections and collects; re-checks now and
+        # then for those of other replicas
+        if signal is not None:
+            signal.wait(seen, min(left, RECHECK_S))
+        else:
+            time.sleep(min(left, RECHECK_S / 5))
 
 
 _ACTOR_OF_WORKER = text(
@@ -265,62 +279,81 @@ _INSERT_COLLECT = text(
 )
 
 
-def collect(
-    db: Database,
-    worker_id: int,
-    actor_id: int,
-    prev_epoch: int,
-    curr_epoch: int,
-    *,
-    progress: dict[str, Any] | None,
-    rows: int,
-    finished: bool,
-    lease_ms: int,
-) -> CollectResult:
-    """Record that an actor finished an epoch's work; commits when the graph is complete.
+@dataclass(frozen=True)
+class CollectItem:
+    actor_id: int
+    prev_epoch: int
+    curr_epoch: int
+    progress: dict[str, Any] | None = None
+    rows: int = 0
+    finished: bool = False
+
+
+def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[CollectResult]:
+    """Record that actors finished an epoch's work; commits when a graph is complete.
 
     Idempotent per (actor, epoch): a repeated collect changes nothing. A collect for an
-    unknown actor, another worker's actor, or a barrier recovery discarded is a 409.
+    unknown actor, another worker's actor, or a barrier recovery discarded is a 409,
+    and then nothing of the batch is applied.
     """
     with db.transaction() as s:
-        found = s.execute(_ACTOR_OF_WORKER, {"a": actor_id}).first()
-        if found is None or found.worker_id != worker_id:
-            worker_state = s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar()
-            if worker_state is None:
-                raise NotFound(f"worker {worker_id} is not registered", {"worker_id": worker_id})
-            raise Conflict(
-                f"actor {actor_id} is not assigned to worker {worker_id}", {"actor_id": actor_id}
-            )
-        if found.worker_state != "alive":
-            raise Gone(
-                f"worker {worker_id} was declared {found.worker_state}: register again",
-                {"worker_id": worker_id},
-            )
-        graph = lock_graph(s, found.graph_id)
-        inserted = s.execute(
-            _INSERT_COLLECT,
-            {
-                "a": actor_id,
-                "g": found.graph_id,
-                "prev": prev_epoch,
-                "curr": curr_epoch,
-                "first": found.first_epoch,
-                "progress": json.dumps(progress) if progress is not None else None,
-                "rows": rows,
-                "finished": finished,
-            },
-        ).first()
-        if inserted is None:
+        found = {
+            item.actor_id: s.execute(_ACTOR_OF_WORKER, {"a": item.actor_id}).first()
+            for item in items
+        }
+        for item in items:
+            row = found[item.actor_id]
+            if row is None or row.worker_id != worker_id:
+                if s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar() is None:
+                    raise NotFound(
+                        f"worker {worker_id} is not registered", {"worker_id": worker_id}
+                    )
+                raise Conflict(
+                    f"actor {item.actor_id} is not assigned to worker {worker_id}",
+                    {"actor_id": item.actor_id},
+                )
+            if row.worker_state != "alive":
+                raise Gone(
+                    f"worker {worker_id} was declared {row.worker_state}: register again",
+                    {"worker_id": worker_id},
+                )
+        # lock graphs in id order: concurrent batches never deadlock
+        graphs = {g: lock_graph(s, g) for g in sorted({r.graph_id for r in found.values()})}
+        results = []
+        for item in items:
+            row = found[item.actor_id]
+            graph = graphs[row.graph_id]
+            inserted = s.execute(
+                _INSERT_COLLECT,
+                {
+                    "a": item.actor_id,
+                    "g": row.graph_id,
+                    "prev": item.prev_epoch,
+                    "curr": item.curr_epoch,
+                    "first": row.first_epoch,
+                    "progress": json.dumps(item.progress) if item.progress is not None else None,
+                    "rows": item.rows,
+                    "finished": item.finished,
+                },
+            ).first()
+            if inserted is not None:
+                results.append("accepted")
+                continue
             earlier = s.execute(
                 select(BarrierCollect.prev_epoch).where(
-                    BarrierCollect.actor_id == actor_id, BarrierCollect.curr_epoch == curr_epoch
+                    BarrierCollect.actor_id == item.actor_id,
+                    BarrierCollect.curr_epoch == item.curr_epoch,
                 )
             ).scalar()
-            if earlier == prev_epoch:
-                return CollectResult("duplicate", graph.committed_epoch)
-            raise Conflict(
-                f"stale or unknown barrier {prev_epoch}->{curr_epoch} for actor {actor_id}",
-                {"actor_id": actor_id, "committed_epoch": graph.committed_epoch},
-            )
-        try_complete(s, graph)
-        return CollectResult("accepted", graph.committed_epoch)
+            if earlier != item.prev_epoch:
+                raise Conflict(
+                    f"stale or unknown barrier {item.prev_epoch}->{item.curr_epoch} for actor {item.actor_id}",
+                    {"actor_id": item.actor_id, "committed_epoch": graph.committed_epoch},
+                )
+            results.append("duplicate")
+        for graph in graphs.values():
+            try_complete(s, graph)
+        return [
+            CollectResult(status, graphs[found[item.actor_id].graph_id].committed_epoch)
+            for item, status in zip(items, results, strict=True)
+        ]

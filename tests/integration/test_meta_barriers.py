@@ -209,3 +209,27 @@ def test_no_live_worker_keeps_the_graph_recovering_until_one_registers(
     assert w.collect_all() >= 2
     with db.engine.connect() as conn:
         assert conn.execute(text("SELECT state FROM graphs WHERE id = 1")).scalar() == "running"
+
+
+def test_batched_collects_are_all_or_nothing(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    w = FakeWorker(client).register()
+    make_job(db, "j", parallelism=2)
+    loop.tick()
+    a1, a2 = w.poll()
+    [b1], [b2] = a1["barriers"], a2["barriers"]
+    good = [
+        {"actor_id": a1["actor_id"], "prev_epoch": b1["prev"], "curr_epoch": b1["curr"]},
+        {"actor_id": a2["actor_id"], "prev_epoch": b2["prev"], "curr_epoch": b2["curr"]},
+    ]
+    bad = good[:1] + [{"actor_id": 4242, "prev_epoch": 0, "curr_epoch": b2["curr"]}]
+    url = f"/v1/workers/{w.worker_id}/collects"
+    assert_error(client.post(url, json={"collects": bad}), 409, "conflict")
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM barrier_collects")).scalar() == 0
+    r = client.post(url, json={"collects": good})
+    assert [x["status"] for x in r.json()["results"]] == ["accepted", "accepted"]
+    assert r.json()["results"][-1]["committed_epoch"] == committed_epoch(db)
+    assert barriers_of(db)[0].state == "committed"

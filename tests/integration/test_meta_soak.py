@@ -29,17 +29,8 @@ def _round(db: Database, loop: MetaLoop, worker_id: int) -> int:
                     {"vnode": lo, "state": "in_progress", "row_count": n} for lo, _ in a.vnodes
                 ]
             }
-            workers.collect(
-                db,
-                worker_id,
-                a.actor_id,
-                b["prev"],
-                b["curr"],
-                progress=progress,
-                rows=1,
-                finished=False,
-                lease_ms=LEASE,
-            )
+            item = workers.CollectItem(a.actor_id, b["prev"], b["curr"], progress=progress, rows=1)
+            workers.collect(db, worker_id, [item])
             n += 1
     return n
 

@@ -1,0 +1,159 @@
+"""HTTP client of the worker protocol (httpx), with timeouts and safe retries.
+
+Every call is safe to retry: register creates a new worker (only retried when the
+request provably never reached the server), heartbeats and polls are reads or
+refreshes, and collects are idempotent per (actor, epoch) on the server, so a collect
+whose response was lost comes back as ``duplicate`` instead of being applied twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+RETRYABLE_STATUS = {502, 503, 504}
+
+
+class ProtocolError(Exception):
+    def __init__(self, status: int, body: Any) -> None:
+        super().__init__(f"control plane answered {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class WorkerGone(ProtocolError):
+    """The control plane declared this worker dead: drop all actors and register again."""
+
+
+@dataclass
+class RetryPolicy:
+    attempts: int = 8
+    base_delay_s: float = 0.05
+    max_delay_s: float = 2.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return min(self.max_delay_s, self.base_delay_s * 2**attempt) * (0.5 + rng.random() / 2)
+
+
+class ControlPlaneClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout_s: float = 10.0,
+        retry: RetryPolicy | None = None,
+        rng: random.Random | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, transport=transport)
+        self.retry = retry or RetryPolicy()
+        self.rng = rng or random.Random()
+        self.worker_id: int | None = None
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, url: str, *, idempotent: bool = True, **kw: Any) -> httpx.Response:
+        last: Exception | None = None
+        for attempt in range(self.retry.attempts):
+            try:
+                r = self.http.request(method, url, **kw)
+            except httpx.ConnectError as e:  # never reached the server: always safe
+                last = e
+            except httpx.TransportError as e:
+                if not idempotent:
+                    raise
+                last = e
+            else:
+                if r.status_code not in RETRYABLE_STATUS:
+                    return r
+                last = ProtocolError(r.status_code, r.text)
+            time.sleep(self.retry.delay(attempt, self.rng))
+        assert last is not None
+        raise last
+
+    @staticmethod
+    def _json(r: httpx.Response, ok: int = 200) -> Any:
+        if r.status_code == 410:
+            raise WorkerGone(r.status_code, r.json())
+        if r.status_code != ok:
+            try:
+                body = r.json()
+            except ValueError:
+                body = r.text
+            raise ProtocolError(r.status_code, body)
+        return r.json() if r.content else None
+
+    def register(self, name: str, capacity: int) -> dict[str, Any]:
+        r = self._call(
+            "POST", "/v1/workers", idempotent=False, json={"name": name, "capacity": capacity}
+        )
+        body: dict[str, Any] = self._json(r, 201)
+        self.worker_id = int(body["worker_id"])
+        return body
+
+    def heartbeat(self) -> None:
+        self._json(self._call("POST", f"/v1/workers/{self.worker_id}/heartbeat"), 204)
+
+    def poll(self, timeout_ms: int = 5000) -> dict[str, Any]:
+        extra = httpx.Timeout(self.http.timeout.read or 10.0)
+        wait = max(extra.read or 0.0, timeout_ms / 1000 + 10)
+        r = self._call(
+            "GET",
+            f"/v1/workers/{self.worker_id}/barriers",
+            params={"timeout_ms": timeout_ms},
+            timeout=httpx.Timeout(wait),
+        )
+        body: dict[str, Any] = self._json(r)
+        return body
+
+    def collect(
+        self,
+        actor_id: int,
+        prev_epoch: int,
+        curr_epoch: int,
+        *,
+        progress: dict[str, Any] | None = None,
+        rows: int = 0,
+        finished: bool = False,
+    ) -> dict[str, Any]:
+        body = {
+            "actor_id": actor_id,
+            "prev_epoch": prev_epoch,
+            "curr_epoch": curr_epoch,
+            "progress": progress,
+            "rows": rows,
+            "finished": finished,
+        }
+        result: dict[str, Any] = self._json(
+            self._call("POST", f"/v1/workers/{self.worker_id}/collect", json=body)
+        )
+        return result
+
+    def collect_many(self, collects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Several collects in one request, applied all or nothing (and idempotent)."""
+        r = self._call(
+            "POST", f"/v1/workers/{self.worker_id}/collects", json={"collects": collects}
+        )
+        results: list[dict[str, Any]] = self._json(r)["results"]
+        return results
+
+    def report_failure(self, message: str, actor_id: int | None = None) -> None:
+        self._json(
+            self._call(
+                "POST",
+                f"/v1/workers/{self.worker_id}/failures",
+                json={"actor_id": actor_id, "message": message},
+            ),
+            202,
+        )
+
+    def deregister(self) -> None:
+        self._json(self._call("DELETE", f"/v1/workers/{self.worker_id}"), 204)

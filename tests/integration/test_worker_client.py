@@ -1,0 +1,105 @@
+"""The worker's HTTP client against a real server: retries never double-apply a collect."""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+from sqlalchemy import text
+
+from service.db import Database
+from service.meta.loop import MetaLoop
+from service.settings import Settings
+from spark_workers.client import ControlPlaneClient, RetryPolicy, WorkerGone
+from tests.kit.live import live_server
+from tests.kit.meta import committed_epoch, make_job
+
+
+class LosesFirstResponse(httpx.HTTPTransport):
+    """Delivers the request, then pretends the response was lost (once per path)."""
+
+    def __init__(self, path_part: str) -> None:
+        super().__init__()
+        self.path_part = path_part
+        self.dropped = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if self.path_part in request.url.path and not self.dropped:
+            response.read()
+            self.dropped += 1
+            raise httpx.ReadTimeout("response lost", request=request)
+        return response
+
+
+class Unavailable(httpx.HTTPTransport):
+    def __init__(self, times: int) -> None:
+        super().__init__()
+        self.left = times
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if self.left:
+            self.left -= 1
+            return httpx.Response(
+                503, json={"error": {"code": "unavailable", "message": "", "details": None}}
+            )
+        return super().handle_request(request)
+
+
+FAST = RetryPolicy(attempts=5, base_delay_s=0.001, max_delay_s=0.01)
+
+
+def test_a_retried_collect_is_applied_once(db: Database, fresh_db_url: str) -> None:
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False)
+    loop = MetaLoop(settings, db)
+    with live_server(settings, db) as url:
+        lossy = LosesFirstResponse("/collect")
+        client = ControlPlaneClient(url, retry=FAST, rng=random.Random(1), transport=lossy)
+        client.register("w", 4)
+        make_job(db, "j", parallelism=1)
+        loop.tick()
+        [a] = client.poll(timeout_ms=0)["assignments"]
+        [b] = a["barriers"]
+        result = client.collect(a["actor_id"], b["prev"], b["curr"], rows=5)
+        assert lossy.dropped == 1
+        assert result["status"] == "duplicate"  # the first attempt was applied
+        with db.engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM barrier_collects")).scalar() == 1
+        assert committed_epoch(db) == b["prev"]
+        client.close()
+
+
+def test_503_is_retried_and_a_dead_worker_is_told_to_register_again(
+    db: Database, fresh_db_url: str
+) -> None:
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False)
+    with live_server(settings, db) as url:
+        client = ControlPlaneClient(url, retry=FAST, transport=Unavailable(times=2))
+        client.register("w", 4)
+        client.heartbeat()
+        with db.engine.begin() as conn:
+            conn.execute(text("UPDATE workers SET state = 'dead'"))
+        try:
+            client.heartbeat()
+            raise AssertionError("expected WorkerGone")
+        except WorkerGone as e:
+            assert e.status == 410
+        client.close()
+
+
+def test_long_poll_returns_when_a_barrier_arrives(db: Database, fresh_db_url: str) -> None:
+    settings = Settings(database_url=fresh_db_url, barrier_interval_ms=50)
+    with live_server(settings, db) as url:
+        client = ControlPlaneClient(url, retry=FAST)
+        client.register("w", 4)
+        make_job(db, "j", parallelism=2)
+        seen = 0
+        for _ in range(20):
+            for a in client.poll(timeout_ms=5000)["assignments"]:
+                for b in a["barriers"]:
+                    client.collect(a["actor_id"], b["prev"], b["curr"])
+                    seen += 1
+            if seen >= 10:
+                break
+        assert seen >= 10
+        client.close()
