@@ -33,14 +33,19 @@ def require_java() -> None:
         raise SystemExit(2)
 
 
-async def _serve(settings, on_ready=None) -> None:  # type: ignore[no-untyped-def]
+async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # type: ignore[no-untyped-def]
     import uvicorn
 
     from service.api.app import create_app
 
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, lifespan="on"
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        access_log=access_log,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
@@ -104,7 +109,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     settings = _settings_or_exit(port=args.port, data_dir=args.data_dir)
     asyncio.run(
-        _serve(settings, on_ready=lambda url: run_demo(url, keep_running=args.keep_running))
+        _serve(
+            settings,
+            on_ready=lambda url: run_demo(url, keep_running=args.keep_running),
+            access_log=False,
+        )
     )
     return 0
 
@@ -174,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for noisy in ("pgserver", "alembic", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

@@ -26,6 +26,9 @@ class EmbeddedPostgres:
             warnings.simplefilter("ignore")
             import pgserver
 
+            # pgserver logs every pg_ctl command line at INFO
+            logging.getLogger("pgserver").setLevel(logging.WARNING)
+
             self.pgdata.mkdir(parents=True, exist_ok=True)
             self._server = pgserver.get_server(
                 self.pgdata, cleanup_mode="stop" if self._stop_on_exit else None

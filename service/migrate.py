@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from alembic import command
@@ -17,6 +18,7 @@ MIGRATION_LOCK_ID = 0x6D76_6266  # "mvbf"
 
 
 def alembic_config(engine: Engine) -> Config:
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     cfg = Config()
     cfg.set_main_option("script_location", str(Path(migrations.__file__).parent))
     cfg.set_main_option(

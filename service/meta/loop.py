@@ -67,13 +67,16 @@ class MetaLoop:
             self._on_become_leader()
         return won
 
-    def _drop_lock_conn(self) -> None:
+    def _drop_lock_conn(self, *, stopping: bool = False) -> None:
         if self._lock_conn is not None:
             with contextlib.suppress(psycopg2.Error):
                 self._lock_conn.close()
         self._lock_conn = None
         if self.is_leader.is_set():
-            log.warning("lost barrier leadership")
+            if stopping:
+                log.info("released barrier leadership")
+            else:
+                log.warning("lost barrier leadership")
         self.is_leader.clear()
         metrics.IS_LEADER.set(0)
 
@@ -128,7 +131,7 @@ class MetaLoop:
                     log.exception("barrier loop tick failed")
             next_at = max(next_at + interval, time.monotonic())
             self._stop.wait(max(0.0, next_at - time.monotonic()))
-        self._drop_lock_conn()
+        self._drop_lock_conn(stopping=True)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="barrier-loop", daemon=True)

@@ -101,3 +101,9 @@ def test_serve_on_the_embedded_default_prints_its_url_and_answers(tmp_path: Path
         proc.terminate()
         proc.wait(timeout=60)
     assert proc.returncode == 0
+
+
+def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
+    r = run("demo", "--data-dir", str(tmp_path / "data"), env=_embedded_env(), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "read back 19,950 rows" in r.stdout
