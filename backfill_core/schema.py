@@ -356,6 +356,10 @@ def _text(v: object) -> str:
         raise TypeError(f"expected a string, got {type(v).__name__}")
     if "\x00" in v:
         raise ValueError("text cannot contain the NUL character")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
     return v
 
 

@@ -229,34 +229,48 @@ class VersionedTable:
         self, cur: Any, epoch: int, vnodes: tuple[int, int] | Sequence[int]
     ) -> list[RowChange]:
         """The changes of ``epoch`` in the given vnodes, in (vnode, pk) order."""
-        if isinstance(vnodes, tuple) and len(vnodes) == 2 and not isinstance(vnodes, list):
-            vcond = sql.SQL("n.{vn} >= %s AND n.{vn} < %s").format(vn=sql.Identifier(VNODE))
-            params: list[Any] = [epoch, vnodes[0], vnodes[1]]
+        return self.change_log_range(cur, epoch - 1, epoch, vnodes)
+
+    def change_log_range(
+        self, cur: Any, after: int, upto: int, vnodes: tuple[int, int] | Sequence[int]
+    ) -> list[RowChange]:
+        """Net change per key over epochs ``(after, upto]``, in (vnode, pk) order.
+
+        ``vnodes`` is a half-open range ``(lo, hi)`` or a list of vnodes. The old row is
+        the key's latest version at or below ``after``; the new one its latest in the range.
+        """
+        if isinstance(vnodes, tuple) and len(vnodes) == 2:
+            vcond = sql.SQL("{vn} >= %s AND {vn} < %s").format(vn=sql.Identifier(VNODE))
+            vparams: list[Any] = [vnodes[0], vnodes[1]]
         else:
-            vcond = sql.SQL("n.{vn} = ANY(%s)").format(vn=sql.Identifier(VNODE))
-            params = [epoch, list(vnodes)]
+            vcond = sql.SQL("{vn} = ANY(%s)").format(vn=sql.Identifier(VNODE))
+            vparams = [list(vnodes)]
+        key = [VNODE, *self.pk]
         match = sql.SQL(" AND ").join(
-            sql.SQL("o.{0} = n.{0}").format(sql.Identifier(c)) for c in [VNODE, *self.pk]
+            sql.SQL("o.{0} = n.{0}").format(sql.Identifier(c)) for c in key
         )
-        old_vals = _ids(self.values, "o") if self.values else sql.SQL("")
+        old_vals = (sql.SQL(", ") + _ids(self.values, "o")) if self.values else sql.SQL("")
         q = sql.SQL(
             "SELECT n.{vn}, {ncols}, n.{dl}, (o.{ep} IS NOT NULL AND NOT o.{dl}){ov} "
-            "FROM {t} n LEFT JOIN LATERAL (SELECT {ep}, {dl}{ovsel} FROM {t} o WHERE {match} "
-            "AND o.{ep} < n.{ep} ORDER BY o.{ep} DESC LIMIT 1) o ON true "
-            "WHERE n.{ep} = %s AND {vcond} ORDER BY n.{vn}, {npk}"
+            "FROM (SELECT DISTINCT ON ({key}) * FROM {t} WHERE {ep} > %s AND {ep} <= %s AND {vcond} "
+            "ORDER BY {key}, {ep} DESC) n "
+            "LEFT JOIN LATERAL (SELECT {ep}, {dl}{ovsel} FROM {t} o WHERE {match} "
+            "AND o.{ep} <= %s ORDER BY o.{ep} DESC LIMIT 1) o ON true "
+            "ORDER BY {nkey}"
         ).format(
             vn=sql.Identifier(VNODE),
             ncols=_ids(self.names, "n"),
             dl=sql.Identifier(DELETED),
             ep=sql.Identifier(EPOCH),
-            ov=(sql.SQL(", ") + old_vals) if self.values else sql.SQL(""),
-            ovsel=(sql.SQL(", ") + _ids(self.values)) if self.values else sql.SQL(""),
+            ov=old_vals,
+            key=_ids(key),
             t=self.ident,
-            match=match,
             vcond=vcond,
-            npk=_ids(self.pk, "n"),
+            ovsel=(sql.SQL(", ") + _ids(self.values)) if self.values else sql.SQL(""),
+            match=match,
+            nkey=_ids(key, "n"),
         )
-        cur.execute(q, params)
+        cur.execute(q, [after, upto, *vparams, after])
         n_cols = len(self.names)
         out: list[RowChange] = []
         for r in cur.fetchall():

@@ -51,6 +51,25 @@ class StoreModel:
                 out.append(RowChange(Op.UPDATE, vnode, old, new))
         return sorted(out, key=lambda c: (c.vnode, self.key_of(c.row)))
 
+    def change_log_range(self, after: int, upto: int) -> list[RowChange]:
+        """Net change per key over epochs (after, upto]."""
+        out = []
+        for key, eps in self.versions.items():
+            inside = [e for e in eps if after < e <= upto]
+            if not inside:
+                continue
+            deleted, new = eps[max(inside)]
+            prev = self._latest(key, after)
+            old = prev[1] if prev is not None and not prev[0] else None
+            vnode = self.vnode_of(new)
+            if deleted and old is not None:
+                out.append(RowChange(Op.DELETE, vnode, old, None))
+            elif not deleted and old is None:
+                out.append(RowChange(Op.INSERT, vnode, None, new))
+            elif not deleted:
+                out.append(RowChange(Op.UPDATE, vnode, old, new))
+        return sorted(out, key=lambda c: (c.vnode, self.key_of(c.row)))
+
     def rollback(self, committed: int) -> None:
         for eps in self.versions.values():
             for e in [e for e in eps if e > committed]:

@@ -97,6 +97,7 @@ def test_coerce_row() -> None:
         (ColumnType.DOUBLE, "1.0"),
         (ColumnType.NUMERIC, "NaN"),
         (ColumnType.TEXT, "nul\x00"),
+        (ColumnType.TEXT, "lone \ud800 surrogate"),
         (ColumnType.BOOLEAN, 1),
         (ColumnType.DATE, "2024-13-01"),
         (ColumnType.TIMESTAMP, "2024-01-01T00:00:00Z"),

@@ -1,0 +1,1 @@
+"""Backfill executors: pure state machines, one per file, driven at epoch granularity."""

@@ -1,0 +1,207 @@
+"""Arrangement backfill (seed: ``arrangement_backfill.rs``), decided once per epoch.
+
+During epoch ``c`` (opened by a barrier whose ``prev`` is ``p``) the actor reads the
+upstream snapshot at ``p`` per vnode after ``current_pos``, within a row budget, and
+the rows are written at ``c``. The barrier that closes ``c`` brings the upstream's
+changes of ``c``: a change is emitted only where ``pk <= current_pos`` of its vnode
+(all of them for a completed vnode, none for a vnode not started); keys above
+``current_pos`` arrive later through a snapshot read at an epoch that contains them.
+When every vnode's snapshot read reached its end within one epoch, the whole snapshot
+at ``p`` has been emitted, so that barrier emits every change, persists ``Completed``
+and reports finish; from then on the actor forwards.
+
+The order of reads is fixed (vnodes ascending), as the reference model's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from backfill_core.changes import Row, RowChange
+from backfill_core.executors.messages import Barrier, BarrierOutput, ChangeRange, SnapshotRead
+
+
+class VnodeState(StrEnum):
+    NOT_STARTED = "not_started"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class VnodeProgress:
+    state: VnodeState = VnodeState.NOT_STARTED
+    current_pos: Row | None = None
+    row_count: int = 0
+
+
+class Phase(StrEnum):
+    BACKFILLING = "backfilling"
+    FORWARDING = "forwarding"
+
+
+def epoch_budget(rate_limit: int | None, paused: bool, elapsed_ms: int) -> int | None:
+    """Rows the snapshot side may read in the next epoch (None: no limit).
+
+    The next epoch's length is not known when it opens, so the closing epoch's length
+    stands in for it; at least one row per epoch unless paused or throttled to 0.
+    """
+    if paused or rate_limit == 0:
+        return 0
+    if rate_limit is None:
+        return None
+    return max(1, rate_limit * elapsed_ms // 1000)
+
+
+class ArrangementBackfill:
+    def __init__(
+        self,
+        actor_id: int,
+        vnodes: Iterable[int],
+        pk_of: Callable[[Row], Row],
+        *,
+        rate_limit: int | None = None,
+        paused: bool = False,
+        restore: Mapping[int, VnodeProgress] | None = None,
+    ) -> None:
+        self.actor_id = actor_id
+        self.vnodes = tuple(sorted(vnodes))
+        self.pk_of = pk_of
+        self.rate_limit = rate_limit
+        self.paused = paused
+        restore = restore or {}
+        self.progress: dict[int, VnodeProgress] = {
+            v: restore.get(v, VnodeProgress()) for v in self.vnodes
+        }
+        done = all(p.state is VnodeState.COMPLETED for p in self.progress.values())
+        self.phase = Phase.FORWARDING if done else Phase.BACKFILLING
+        self.started = False
+        self.closed_epoch = 0  # changes up to here are applied
+        self.snapshot_epoch = 0  # snapshot reads of the open epoch happen here
+        self.open_epoch = 0  # snapshot rows are written here
+        self.budget: int | None = 0
+        self.exhausted: set[int] = set()
+        self.epoch_rows = 0
+
+    @property
+    def total_rows(self) -> int:
+        return sum(p.row_count for p in self.progress.values())
+
+    # barriers -------------------------------------------------------------
+
+    def changes_needed(self, barrier: Barrier) -> ChangeRange | None:
+        """Which upstream changes ``on_barrier`` needs (None: none)."""
+        if not self.started or barrier.epoch.prev <= self.closed_epoch:
+            return None
+        if self.phase is Phase.FORWARDING or self._snapshot_done():
+            vnodes = self.vnodes
+        else:
+            vnodes = tuple(
+                v for v in self.vnodes if self.progress[v].state is not VnodeState.NOT_STARTED
+            )
+        if not vnodes:
+            return None
+        return ChangeRange(self.closed_epoch, barrier.epoch.prev, vnodes)
+
+    def on_barrier(self, barrier: Barrier, changes: Sequence[RowChange] = ()) -> BarrierOutput:
+        """Complete the closing epoch, then open the next one."""
+        emit: list[RowChange] = []
+        if self.started:
+            if self.phase is Phase.FORWARDING or self._snapshot_done():
+                emit = list(changes)
+                if self.phase is Phase.BACKFILLING:
+                    self._complete_all()
+            else:
+                emit = [c for c in changes if self._visible(c)]
+        self.started = True
+        out = BarrierOutput(
+            write_epoch=barrier.epoch.prev,
+            emit=emit,
+            progress={"vnodes": self.progress_rows()},
+            rows=self.epoch_rows,
+            finished=self.phase is Phase.FORWARDING,
+        )
+        self._apply_mutation(barrier)
+        self.closed_epoch = barrier.epoch.prev
+        self.snapshot_epoch = barrier.epoch.prev
+        self.open_epoch = barrier.epoch.curr
+        self.budget = epoch_budget(self.rate_limit, self.paused, barrier.elapsed_ms)
+        self.exhausted = set()
+        self.epoch_rows = 0
+        return out
+
+    def _visible(self, change: RowChange) -> bool:
+        p = self.progress.get(change.vnode)
+        if p is None or p.state is VnodeState.NOT_STARTED or p.current_pos is None:
+            return False
+        if p.state is VnodeState.COMPLETED:
+            return True
+        return self.pk_of(change.row) <= p.current_pos
+
+    def _snapshot_done(self) -> bool:
+        return (
+            self.phase is Phase.BACKFILLING and self.started and self.exhausted >= set(self.vnodes)
+        )
+
+    def _complete_all(self) -> None:
+        self.progress = {
+            v: VnodeProgress(VnodeState.COMPLETED, p.current_pos, p.row_count)
+            for v, p in self.progress.items()
+        }
+        self.phase = Phase.FORWARDING
+
+    def _apply_mutation(self, barrier: Barrier) -> None:
+        m = barrier.mutation
+        if m is None:
+            return
+        if m.pause:
+            self.paused = True
+        if m.resume:
+            self.paused = False
+        if self.actor_id in m.throttle:
+            self.rate_limit = m.throttle[self.actor_id]
+
+    # snapshot side --------------------------------------------------------
+
+    def next_read(self, max_rows: int) -> SnapshotRead | None:
+        """The next snapshot read of the open epoch, or None when there is nothing to do."""
+        if self.phase is Phase.FORWARDING or not self.started:
+            return None
+        if self.budget is not None and self.budget <= 0:
+            return None
+        for v in self.vnodes:
+            if v not in self.exhausted:
+                limit = max_rows if self.budget is None else min(max_rows, self.budget)
+                return SnapshotRead(v, self.snapshot_epoch, self.progress[v].current_pos, limit)
+        return None
+
+    def on_snapshot_rows(self, read: SnapshotRead, rows: Sequence[Row]) -> list[Row]:
+        """Account for rows read by ``read`` (pk order); returns the rows to write now."""
+        if len(rows) > read.limit:
+            raise ValueError("a snapshot read returned more rows than asked for")
+        if rows:
+            p = self.progress[read.vnode]
+            self.progress[read.vnode] = VnodeProgress(
+                VnodeState.IN_PROGRESS, self.pk_of(rows[-1]), p.row_count + len(rows)
+            )
+            self.epoch_rows += len(rows)
+            if self.budget is not None:
+                self.budget -= len(rows)
+        if len(rows) < read.limit:
+            self.exhausted.add(read.vnode)
+        return list(rows)
+
+    # progress -------------------------------------------------------------
+
+    def progress_rows(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "vnode": v,
+                "state": p.state.value,
+                "current_pos": p.current_pos,
+                "row_count": p.row_count,
+            }
+            for v, p in sorted(self.progress.items())
+        ]
