@@ -27,7 +27,7 @@ import datetime as dt
 import json
 import struct
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -151,3 +151,20 @@ def even_split(vnode_count: int, parts: int) -> list[VnodeBitmap]:
         out.append(VnodeBitmap(vnode_count, ((start, start + size),) if size else ()))
         start += size
     return out
+
+
+def vnode_hasher(types: Sequence[ColumnType], vnode_count: int) -> Callable[[Sequence[Any]], int]:
+    """A fast ``compute_vnode`` for a fixed key type list (hot path of every write)."""
+    if vnode_count <= 0:
+        raise ValueError("vnode_count must be positive")
+    if len(types) == 1 and types[0] in (ColumnType.SMALLINT, ColumnType.INT, ColumnType.BIGINT):
+        pack = _I64.pack
+        crc = zlib.crc32
+
+        def int_key(values: Sequence[Any]) -> int:
+            v = values[0]
+            return crc(b"\x00" if v is None else b"\x02" + pack(v)) % vnode_count
+
+        return int_key
+    typed = list(types)
+    return lambda values: zlib.crc32(encode_key(typed, values)) % vnode_count

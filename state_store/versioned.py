@@ -13,16 +13,17 @@ tuples in the schema's column order; identifiers are always quoted with
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from psycopg2 import errors, sql
 
 from backfill_core.changes import Op, Row, RowChange, Version
-from backfill_core.schema import ColumnType, TableSchema
-from backfill_core.vnode import compute_vnode
-from state_store.encoding import copy_encoders, copy_line, row_decoder
+from backfill_core.schema import TableSchema
+from backfill_core.vnode import compute_vnode, vnode_hasher
+from state_store.encoding import line_formatter, row_decoder
 
 SCHEMA = "store"
 VNODE, EPOCH, DELETED = "_vnode", "_epoch", "_deleted"
@@ -53,12 +54,22 @@ class VersionedTable:
         self._dist_types = list(schema.dist_types)
         self._storage_cols = [VNODE, *self.pk, EPOCH, DELETED, *self.values]
         types = [c.type for c in schema.columns]
-        self._encoders = copy_encoders(
-            [ColumnType.SMALLINT]
-            + [schema.column(n).type for n in self.pk]
-            + [ColumnType.BIGINT, ColumnType.BOOLEAN]
-            + [schema.column(n).type for n in self.values]
+        getter = operator.itemgetter(*self._pk_idx)
+        self.key_of: Callable[[Row], Row] = (
+            getter if len(self._pk_idx) > 1 else (lambda row: (getter(row),))  # type: ignore[assignment]
         )
+        hasher = vnode_hasher(self._dist_types, schema.vnode_count)
+        dist_in_key = operator.itemgetter(*[self.pk.index(n) for n in schema.distribution_key])
+        if len(schema.distribution_key) > 1:
+            self._vnode_of_key: Callable[[Row], int] = lambda key: hasher(dist_in_key(key))
+        else:
+            self._vnode_of_key = lambda key: hasher((dist_in_key(key),))
+        self._format_line = line_formatter(
+            [schema.column(n).type for n in self.pk],
+            [schema.column(n).type for n in self.values],
+            self._value_idx,
+        )
+        self._null_row = (None,) * len(schema.columns)
         self._decode = row_decoder(types)
         self._decode_values = row_decoder([schema.column(n).type for n in self.values])
 
@@ -107,9 +118,6 @@ class VersionedTable:
             self._dist_types, [row[i] for i in self._dist_idx], self.schema.vnode_count
         )
 
-    def key_of(self, row: Row) -> Row:
-        return tuple(row[i] for i in self._pk_idx)
-
     def write(self, cur: Any, epoch: int, versions: Iterable[Version]) -> int:
         """Write versions at ``epoch``; the last write of a key in an epoch wins.
 
@@ -117,18 +125,24 @@ class VersionedTable:
         write of the same epoch) the COPY fails on the unique index and the batch is
         upserted through a staging table instead.
         """
-        latest: dict[Row, Version] = {}
-        for v in versions:
-            latest[self.key_of(v.row)] = v
+        key_of = self.key_of
+        latest = {key_of(v.row): v for v in versions}
         if not latest:
             return 0
-        buf = io.StringIO()
-        encs = self._encoders
-        nulls = [None] * len(self._value_idx)
-        for key, v in latest.items():
-            row = v.row
-            vals = nulls if v.deleted else [row[i] for i in self._value_idx]
-            buf.write(copy_line(encs, [self.vnode_of(row), *key, epoch, v.deleted, *vals]))
+        # (vnode, pk) order: the heap then follows the key index, so snapshot reads
+        # (which walk that index) touch neighbouring pages
+        vnode_of_key = self._vnode_of_key
+        # keys are unique, so the sort never compares the versions themselves
+        ordered = sorted([(vnode_of_key(k), k, v) for k, v in latest.items()])  # type: ignore[type-var]
+        fmt = self._format_line
+        live = f"\t{epoch}\tf"
+        dead = f"\t{epoch}\tt"
+        nulls = self._null_row
+        lines = [
+            fmt(vn, k, dead, nulls) if v.deleted else fmt(vn, k, live, v.row)
+            for vn, k, v in ordered
+        ]
+        buf = io.StringIO("".join(lines))
         cur.execute("SAVEPOINT store_write")
         try:
             buf.seek(0)
@@ -326,12 +340,7 @@ class VersionedTable:
         return out
 
     def vnode_of_key(self, key: Row) -> int:
-        pos = {n: i for i, n in enumerate(self.pk)}
-        return compute_vnode(
-            self._dist_types,
-            [key[pos[n]] for n in self.schema.distribution_key],
-            self.schema.vnode_count,
-        )
+        return self._vnode_of_key(key)
 
     def next_epoch_with_changes(self, cur: Any, after: int, upto: int | None = None) -> int | None:
         q = sql.SQL("SELECT min({ep}) FROM {t} WHERE {ep} > %s").format(
