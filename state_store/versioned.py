@@ -239,6 +239,50 @@ class VersionedTable:
         decode = self._decode
         return [(r[0], decode(r[1:])) for r in cur.fetchall()]
 
+    def snapshot_multi(
+        self, cur: Any, epoch: int, starts: Sequence[tuple[int, Row | None]], limit: int
+    ) -> list[tuple[int, Row]]:
+        """Read vnodes one after the other (each after its pk) with one shared row limit.
+
+        One round trip for what would be one query per vnode: the branches of a
+        ``UNION ALL`` run in order and stop at the limit.
+        """
+        if not starts:
+            return []
+        branches = []
+        params: list[Any] = []
+        for vnode, after in starts:
+            conds = [
+                sql.SQL("{} = %s AND {} <= %s").format(sql.Identifier(VNODE), sql.Identifier(EPOCH))
+            ]
+            params += [vnode, epoch]
+            if after is not None:
+                conds.append(
+                    sql.SQL("({}) > ({})").format(
+                        _ids(self.pk), sql.SQL(", ").join(sql.Placeholder() * len(self.pk))
+                    )
+                )
+                params += list(after)
+            branches.append(
+                sql.SQL(
+                    "(SELECT {vn}, {cols} FROM (SELECT DISTINCT ON ({pk}) {vn}, {cols}, {dl} FROM {t} "
+                    "WHERE {conds} ORDER BY {pk}, {ep} DESC) s WHERE NOT {dl} LIMIT %s)"
+                ).format(
+                    vn=sql.Identifier(VNODE),
+                    cols=_ids(self.names),
+                    pk=_ids(self.pk),
+                    dl=sql.Identifier(DELETED),
+                    t=self.ident,
+                    conds=sql.SQL(" AND ").join(conds),
+                    ep=sql.Identifier(EPOCH),
+                )
+            )
+            params.append(limit)
+        q = sql.SQL("SELECT * FROM ({}) u LIMIT %s").format(sql.SQL(" UNION ALL ").join(branches))
+        cur.execute(q, [*params, limit])
+        decode = self._decode
+        return [(r[0], decode(r[1:])) for r in cur.fetchall()]
+
     def change_log(
         self, cur: Any, epoch: int, vnodes: tuple[int, int] | Sequence[int]
     ) -> list[RowChange]:

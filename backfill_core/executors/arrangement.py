@@ -21,7 +21,13 @@ from enum import StrEnum
 from typing import Any
 
 from backfill_core.changes import Row, RowChange
-from backfill_core.executors.messages import Barrier, BarrierOutput, ChangeRange, SnapshotRead
+from backfill_core.executors.messages import (
+    Barrier,
+    BarrierOutput,
+    ChangeRange,
+    SnapshotBatchRead,
+    SnapshotRead,
+)
 
 
 class VnodeState(StrEnum):
@@ -192,6 +198,37 @@ class ArrangementBackfill:
         if len(rows) < read.limit:
             self.exhausted.add(read.vnode)
         return list(rows)
+
+    def next_batch_read(self, max_rows: int) -> SnapshotBatchRead | None:
+        """All vnodes still to read this epoch, in order, under one row limit."""
+        first = self.next_read(max_rows)
+        if first is None:
+            return None
+        starts = tuple(
+            (v, self.progress[v].current_pos) for v in self.vnodes if v not in self.exhausted
+        )
+        return SnapshotBatchRead(self.snapshot_epoch, starts, first.limit)
+
+    def on_batch_rows(self, read: SnapshotBatchRead, rows: Sequence[tuple[int, Row]]) -> list[Row]:
+        """Account for a batch read exactly as for the single reads it stands for."""
+        order = {v: i for i, (v, _) in enumerate(read.starts)}
+        groups: dict[int, list[Row]] = {}
+        last = -1
+        for v, row in rows:
+            pos = order.get(v)
+            if pos is None or pos < last:
+                raise ValueError("batch read rows are not in the order of the request")
+            last = pos
+            groups.setdefault(v, []).append(row)
+        out: list[Row] = []
+        remaining = read.limit
+        for v, after in read.starts:
+            if remaining <= 0:
+                break
+            got = groups.get(v, [])
+            out += self.on_snapshot_rows(SnapshotRead(v, read.epoch, after, remaining), got)
+            remaining -= len(got)
+        return out
 
     # progress -------------------------------------------------------------
 

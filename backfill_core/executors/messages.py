@@ -79,6 +79,19 @@ class SnapshotRead:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotBatchRead:
+    """Several vnodes read in order with one shared row limit (one round trip).
+
+    Equivalent to reading each vnode of ``starts`` to its end, one after the other,
+    until ``limit`` rows are read: the same rows the single reads would return.
+    """
+
+    epoch: int
+    starts: tuple[tuple[int, Row | None], ...]  # (vnode, after pk) in read order
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
 class ChangeRange:
     """The upstream's net changes in epochs ``(after, upto]`` of ``vnodes``."""
 

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service import migrate
-from service.api import health, metrics, tables, workers
+from service.api import health, jobs, metrics, tables, workers
 from service.api.errors import install_error_handlers
 from service.context import ServiceContext
 from service.db import Database
@@ -58,6 +58,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     install_error_handlers(app)
     app.include_router(health.router)
     app.include_router(tables.router)
+    app.include_router(jobs.router)
     app.include_router(workers.router)
     app.include_router(metrics.router)
     return app

@@ -110,15 +110,16 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
 
 
 def _job_spec(s: Session, job: Job) -> dict[str, Any]:
-    def rel_name(rel_id: int | None) -> str | None:
-        return s.get(Relation, rel_id).name if rel_id is not None else None  # type: ignore[union-attr]
-
+    up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
+    mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
     return {
         "id": job.id,
         "name": job.name,
         "kind": job.kind,
-        "upstream_table": rel_name(job.upstream_relation_id),
-        "mv_table": rel_name(job.mv_relation_id),
+        "upstream_table": up.storage_table if up else None,
+        "upstream_schema": up.schema if up else None,
+        "mv_table": mv.storage_table if mv else None,
+        "mv_schema": mv.schema if mv else None,
         "columns": job.columns,
         "filter": job.filter,
         "rate_limit": job.rate_limit,

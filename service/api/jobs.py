@@ -1,0 +1,216 @@
+"""/v1/jobs: create materialized views with their backfill, watch, steer and verify them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Query, Response
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.api.deps import get_ctx
+from service.api.errors import ERROR_RESPONSES
+from service.catalog import jobs
+from service.catalog.models import Job
+from service.context import ServiceContext
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
+Ctx = Annotated[ServiceContext, Depends(get_ctx)]
+FOREGROUND_TIMEOUT_S = 600.0
+
+
+class Upstream(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    table: str = Field(max_length=63)
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63, examples=["big_orders"])
+    upstream: Upstream
+    columns: list[str] | None = Field(
+        default=None, max_length=1000, description="default: every column"
+    )
+    filter: dict[str, Any] | None = Field(
+        default=None, description="JSON expression tree (see README)"
+    )
+    backfill: Literal["arrangement", "chain", "snapshot", "source", "auto"] = "auto"
+    parallelism: int = Field(default=4, ge=1, le=256)
+    rate_limit: int | None = Field(
+        default=None, ge=0, description="rows/s per actor; null: none, 0: paused"
+    )
+    background: bool = Field(default=True, description="false: answer once the job is created")
+
+
+class JobPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rate_limit: int | None = Field(default=None, ge=0)
+    parallelism: int | None = Field(default=None, ge=1, le=256)
+
+
+class JobView(BaseModel):
+    id: int
+    name: str
+    upstream: Upstream
+    kind: str
+    state: Literal["creating", "created", "failed", "cancelled"]
+    paused: bool
+    rate_limit: int | None
+    parallelism: int
+    columns: list[str]
+    filter: dict[str, Any] | None
+    mv_table: str | None
+    committed_epoch: int
+    finished_epoch: int | None
+    error: str | None
+    created_at: dt.datetime
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+    next: int | None = Field(description="pass as `after` for the next page")
+
+
+class VnodeRow(BaseModel):
+    vnode: int
+    state: str
+    position: list[Any] | None
+    rows: int
+
+
+class Progress(BaseModel):
+    id: int
+    state: str
+    phase: Literal["backfilling", "forwarding", "done"]
+    rows: int
+    total_estimate: int
+    percent: float
+    committed_epoch: int
+    vnodes: list[VnodeRow]
+
+
+class VerifyView(BaseModel):
+    epoch: int
+    equal: bool
+    mv_rows: int
+    expected_rows: int
+    missing: list[dict[str, Any]]
+    unexpected: list[dict[str, Any]]
+
+
+def _view(ctx: ServiceContext, job: Job) -> JobView:
+    upstream, mv = jobs.relation_names(ctx.db, job)
+    return JobView(
+        id=job.id,
+        name=job.name,
+        upstream=Upstream(table=upstream or ""),
+        kind=job.kind,
+        state=job.state,  # type: ignore[arg-type]
+        paused=job.paused,
+        rate_limit=job.rate_limit,
+        parallelism=job.parallelism,
+        columns=job.columns,
+        filter=job.filter,
+        mv_table=mv,
+        committed_epoch=jobs.committed_epoch_of(ctx.db, job),
+        finished_epoch=job.finished_epoch,
+        error=job.error,
+        created_at=job.created_at,
+    )
+
+
+@router.post("", status_code=202, response_model=JobView, responses={201: {"model": JobView}})
+def create_job(body: JobCreate, ctx: Ctx) -> Any:
+    spec = jobs.JobSpec(
+        name=body.name,
+        upstream_table=body.upstream.table,
+        columns=body.columns,
+        filter=body.filter,
+        backfill=body.backfill,
+        parallelism=body.parallelism,
+        rate_limit=body.rate_limit,
+    )
+    job = jobs.create_job(ctx.db, spec)
+    if body.background:
+        return JSONResponse(status_code=202, content=_view(ctx, job).model_dump(mode="json"))
+    deadline = time.monotonic() + FOREGROUND_TIMEOUT_S
+    delay = 0.01
+    while job.state == "creating" and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.25)
+        job = jobs.get_job(ctx.db, job.id)
+    status = 201 if job.state == "created" else 202
+    return JSONResponse(status_code=status, content=_view(ctx, job).model_dump(mode="json"))
+
+
+@router.get("", response_model=JobList)
+def list_jobs(
+    ctx: Ctx,
+    state: Annotated[Literal["creating", "created", "failed", "cancelled"] | None, Query()] = None,
+    after: Annotated[int | None, Query(ge=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+) -> JobList:
+    page = jobs.list_jobs(ctx.db, state, after, limit + 1)
+    more = len(page) > limit
+    page = page[:limit]
+    return JobList(jobs=[_view(ctx, j) for j in page], next=page[-1].id if more else None)
+
+
+@router.get("/{job_id}", response_model=JobView)
+def get_job(job_id: int, ctx: Ctx) -> JobView:
+    return _view(ctx, jobs.get_job(ctx.db, job_id))
+
+
+@router.get("/{job_id}/progress", response_model=Progress)
+def progress(job_id: int, ctx: Ctx) -> Progress:
+    job = jobs.get_job(ctx.db, job_id)
+    rows = jobs.vnode_progress(ctx.db, job_id)
+    consumed = sum(r.row_count for r in rows)
+    total = max(jobs.upstream_estimate(ctx.db, job), consumed)
+    done = job.state == "created"
+    forwarding = rows and all(r.state == "completed" for r in rows)
+    percent = 100.0 if done else min(99.99, round(100 * consumed / total, 2) if total else 0.0)
+    return Progress(
+        id=job.id,
+        state=job.state,
+        phase="done" if done else ("forwarding" if forwarding else "backfilling"),
+        rows=consumed,
+        total_estimate=total,
+        percent=percent,
+        committed_epoch=jobs.committed_epoch_of(ctx.db, job),
+        vnodes=[
+            VnodeRow(vnode=r.vnode, state=r.state, position=r.current_pos, rows=r.row_count)
+            for r in rows
+        ],
+    )
+
+
+@router.post("/{job_id}/pause", response_model=JobView)
+def pause(job_id: int, ctx: Ctx) -> JobView:
+    return _view(ctx, jobs.set_paused(ctx.db, job_id, True))
+
+
+@router.post("/{job_id}/resume", response_model=JobView)
+def resume(job_id: int, ctx: Ctx) -> JobView:
+    return _view(ctx, jobs.set_paused(ctx.db, job_id, False))
+
+
+@router.patch("/{job_id}", response_model=JobView)
+def patch_job(job_id: int, body: JobPatch, ctx: Ctx) -> JobView:
+    fields = body.model_fields_set
+    job = jobs.update_job(ctx.db, job_id, body.rate_limit, body.parallelism, "rate_limit" in fields)
+    return _view(ctx, job)
+
+
+@router.delete("/{job_id}", status_code=204, response_class=Response)
+def drop_job(job_id: int, ctx: Ctx) -> Response:
+    jobs.drop_job(ctx.db, job_id)
+    return Response(status_code=204)
+
+
+@router.get("/{job_id}/verify", response_model=VerifyView)
+def verify(job_id: int, ctx: Ctx, epoch: Annotated[int | None, Query(ge=1)] = None) -> VerifyView:
+    v = jobs.verify(ctx.db, job_id, epoch)
+    return VerifyView(**v.__dict__)

@@ -1,0 +1,313 @@
+"""Use cases for jobs: create an MV with its backfill, read, pause, throttle, drop, verify."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from backfill_core.schema import (
+    ColumnType,
+    SchemaError,
+    TableSchema,
+    validate_identifier,
+    value_to_json,
+)
+from backfill_core.view import View
+from service.catalog.models import Actor, EpochPin, Graph, Job, Relation, VnodeProgress
+from service.catalog.tables import _get as get_relation
+from service.catalog.tables import storage_of
+from service.db import Database, raw_cursor
+from service.errors import Conflict, Invalid, NotFound
+from service.meta.barriers import enqueue_mutation
+from service.meta.epochs import MAIN_GRAPH_ID
+from service.meta.scheduler import place_job_actors
+
+AVAILABLE_KINDS = ("arrangement",)
+PLANNED_KINDS = ("chain", "snapshot", "source")
+MAX_PARALLELISM = 256
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    upstream_table: str
+    columns: Sequence[str] | None
+    filter: Any
+    backfill: str
+    parallelism: int
+    rate_limit: int | None
+
+
+def resolve_kind(kind: str) -> str:
+    if kind == "auto":
+        return "arrangement"  # until the snapshot backfill exists
+    if kind in PLANNED_KINDS:
+        raise Invalid(
+            f"backfill kind {kind!r} is not available yet; use 'arrangement'", {"field": "backfill"}
+        )
+    if kind not in AVAILABLE_KINDS:
+        raise Invalid(f"unknown backfill kind {kind!r}", {"field": "backfill"})
+    return kind
+
+
+def create_job(db: Database, spec: JobSpec) -> Job:
+    try:
+        validate_identifier(spec.name, "job name")
+    except SchemaError as e:
+        raise Invalid(e.message, {"field": "name"}) from None
+    kind = resolve_kind(spec.backfill)
+    with db.transaction() as s:
+        upstream = get_relation(s, spec.upstream_table, share=True)
+        up_schema = TableSchema.from_json(upstream.schema)
+        columns = list(spec.columns) if spec.columns else list(up_schema.names)
+        try:
+            view = View.build(up_schema, columns, spec.filter)
+        except SchemaError as e:
+            raise Invalid(e.message, {"field": e.path}) from None
+        if not 1 <= spec.parallelism <= min(MAX_PARALLELISM, up_schema.vnode_count):
+            raise Invalid(
+                f"parallelism must be in 1..{min(MAX_PARALLELISM, up_schema.vnode_count)}",
+                {"field": "parallelism"},
+            )
+        taken = (
+            s.execute(select(Relation.id).where(Relation.name == spec.name)).first()
+            or s.execute(select(Job.id).where(Job.name == spec.name)).first()
+        )
+        if taken:
+            raise Conflict(
+                f"a table or job named {spec.name!r} already exists", {"name": spec.name}
+            )
+        mv = Relation(
+            name=spec.name,
+            kind="mv",
+            schema=view.schema.to_json(),
+            storage_table=spec.name,
+            graph_id=MAIN_GRAPH_ID,
+        )
+        s.add(mv)
+        s.flush()
+        storage_of(mv).create(raw_cursor(s))
+        job = Job(
+            name=spec.name,
+            kind=kind,
+            state="creating",
+            paused=False,
+            rate_limit=spec.rate_limit,
+            parallelism=spec.parallelism,
+            upstream_relation_id=upstream.id,
+            mv_relation_id=mv.id,
+            columns=columns,
+            filter=spec.filter,
+            graph_id=MAIN_GRAPH_ID,
+        )
+        s.add(job)
+        s.flush()
+        place_job_actors(s, job, up_schema.vnode_count)
+        return job
+
+
+def _job(s: Session, job_id: int, *, lock: bool = False) -> Job:
+    q = select(Job).where(Job.id == job_id)
+    if lock:
+        q = q.with_for_update()
+    job = s.execute(q).scalar_one_or_none()
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist", {"id": job_id})
+    return job
+
+
+def get_job(db: Database, job_id: int) -> Job:
+    with db.transaction() as s:
+        return _job(s, job_id)
+
+
+def list_jobs(db: Database, state: str | None, after_id: int | None, limit: int) -> list[Job]:
+    with db.transaction() as s:
+        q = select(Job).order_by(Job.id).limit(limit)
+        if state:
+            q = q.where(Job.state == state)
+        if after_id:
+            q = q.where(Job.id > after_id)
+        return list(s.execute(q).scalars())
+
+
+def relation_names(db: Database, job: Job) -> tuple[str | None, str | None]:
+    with db.transaction() as s:
+        up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
+        mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
+        return (up.name if up else None, mv.name if mv else None)
+
+
+def set_paused(db: Database, job_id: int, paused: bool) -> Job:
+    with db.transaction() as s:
+        job = _job(s, job_id, lock=True)
+        if job.state not in ("creating", "created"):
+            raise Conflict(f"job {job_id} is {job.state}", {"state": job.state})
+        if job.paused != paused:
+            job.paused = paused
+            assert job.graph_id is not None
+            enqueue_mutation(s, job.graph_id, {"pause": True} if paused else {"resume": True})
+        return job
+
+
+def update_job(
+    db: Database, job_id: int, rate_limit: Any, parallelism: int | None, set_rate: bool
+) -> Job:
+    with db.transaction() as s:
+        job = _job(s, job_id, lock=True)
+        if job.state not in ("creating", "created"):
+            raise Conflict(f"job {job_id} is {job.state}", {"state": job.state})
+        assert job.graph_id is not None
+        if set_rate and rate_limit != job.rate_limit:
+            job.rate_limit = rate_limit
+            actors = s.execute(
+                select(Actor.id).where(Actor.job_id == job.id, Actor.last_epoch.is_(None))
+            ).scalars()
+            enqueue_mutation(s, job.graph_id, {"throttle": {str(a): rate_limit for a in actors}})
+        if parallelism is not None and parallelism != job.parallelism:
+            up = s.get(Relation, job.upstream_relation_id)
+            assert up is not None
+            vnode_count = int(up.schema["vnode_count"])
+            if not 1 <= parallelism <= min(MAX_PARALLELISM, vnode_count):
+                raise Invalid(
+                    f"parallelism must be in 1..{min(MAX_PARALLELISM, vnode_count)}",
+                    {"field": "parallelism"},
+                )
+            old = list(
+                s.execute(
+                    select(Actor.id).where(Actor.job_id == job.id, Actor.last_epoch.is_(None))
+                ).scalars()
+            )
+            job.parallelism = parallelism
+            enqueue_mutation(s, job.graph_id, {"stop": old})
+            place_job_actors(s, job, vnode_count)  # the new actors restore per-vnode progress
+        return job
+
+
+def drop_job(db: Database, job_id: int) -> None:
+    """Cancel a creating job or drop a created one: the MV and all its state go away."""
+    with db.transaction() as s:
+        job = _job(s, job_id, lock=True)
+        mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
+        if mv is not None:
+            readers = list(
+                s.execute(
+                    select(Job.name).where(Job.upstream_relation_id == mv.id, Job.id != job.id)
+                ).scalars()
+            )
+            if readers:
+                raise Conflict(f"job(s) {', '.join(readers)} read this view", {"jobs": readers})
+        s.execute(delete(EpochPin).where(EpochPin.holder == f"job:{job.id}"))
+        s.delete(job)
+        s.flush()
+        if mv is not None:
+            storage_of(mv).drop(raw_cursor(s))
+            s.delete(mv)
+
+
+def vnode_progress(db: Database, job_id: int) -> list[VnodeProgress]:
+    with db.transaction() as s:
+        _job(s, job_id)
+        return list(
+            s.execute(
+                select(VnodeProgress)
+                .where(VnodeProgress.job_id == job_id)
+                .order_by(VnodeProgress.vnode)
+            ).scalars()
+        )
+
+
+def committed_epoch_of(db: Database, job: Job) -> int:
+    with db.transaction() as s:
+        return int(
+            s.execute(select(Graph.committed_epoch).where(Graph.id == job.graph_id)).scalar_one()
+        )
+
+
+def upstream_estimate(db: Database, job: Job) -> int:
+    """Versions in the upstream table (the planner's estimate: cheap, approximate)."""
+    with db.transaction() as s:
+        up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
+        if up is None:
+            return 0
+        cur = raw_cursor(s)
+        cur.execute(
+            "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+            [f'store."{up.storage_table}"'],
+        )
+        row = cur.fetchone()
+        return max(0, int(row[0])) if row and row[0] is not None else 0
+
+
+def _hashable(row: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v for v in row)
+
+
+@dataclass(frozen=True)
+class Verification:
+    epoch: int
+    equal: bool
+    mv_rows: int
+    expected_rows: int
+    missing: list[dict[str, Any]]
+    unexpected: list[dict[str, Any]]
+
+
+def verify(db: Database, job_id: int, epoch: int | None, sample: int = 10) -> Verification:
+    """Compare the MV at a committed epoch with the view of the upstream at that epoch."""
+    with db.transaction() as s:
+        job = _job(s, job_id)
+        committed = int(
+            s.execute(select(Graph.committed_epoch).where(Graph.id == job.graph_id)).scalar_one()
+        )
+        if epoch is None:
+            epoch = committed
+        elif epoch > committed:
+            raise Conflict(
+                f"epoch {epoch} is not committed yet (committed: {committed})",
+                {"committed_epoch": committed},
+            )
+        up = s.get(Relation, job.upstream_relation_id)
+        mv = s.get(Relation, job.mv_relation_id)
+        assert up is not None and mv is not None
+        up_table, mv_table = storage_of(up), storage_of(mv)
+        view = View.build(up_table.schema, job.columns, job.filter)
+        cur = raw_cursor(s)
+        full = (0, up_table.schema.vnode_count)
+        expected = {
+            _hashable(r) for r in view.rows([r for _, r in up_table.snapshot(cur, epoch, full)])
+        }
+        actual = [_hashable(r) for _, r in mv_table.snapshot(cur, epoch, full)]
+        actual_set = set(actual)
+        duplicates = len(actual) != len(actual_set)
+        schema = mv_table.schema
+
+        def show(rows: set[Any]) -> list[dict[str, Any]]:
+            return [
+                schema.row_to_json(dict(zip(schema.names, r, strict=True)))
+                for r in sorted(rows, key=repr)[:sample]
+            ]
+
+        missing, unexpected = expected - actual_set, actual_set - expected
+        return Verification(
+            epoch=epoch,
+            equal=not missing and not unexpected and not duplicates,
+            mv_rows=len(actual),
+            expected_rows=len(expected),
+            missing=show(missing),
+            unexpected=show(unexpected),
+        )
+
+
+def _jsonish(t: ColumnType, v: Any) -> Any:
+    if t is ColumnType.JSONB and isinstance(v, str):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return value_to_json(t, v)

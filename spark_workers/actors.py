@@ -1,0 +1,114 @@
+"""One actor on a worker: its executor state machine and the I/O it asks for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from backfill_core.changes import Version
+from backfill_core.epoch import EpochPair
+from backfill_core.executors.arrangement import ArrangementBackfill, VnodeProgress, VnodeState
+from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
+from backfill_core.schema import TableSchema, coerce_value, value_to_json
+from backfill_core.view import View
+from state_store.versioned import VersionedTable
+
+
+class ActorRunner:
+    """Runs an arrangement-backfill actor against the state store (driver-side path)."""
+
+    def __init__(self, assignment: dict[str, Any]) -> None:
+        job = assignment["job"]
+        if job["kind"] != "arrangement":
+            raise ValueError(f"this worker cannot run {job['kind']!r} jobs yet")
+        self.actor_id: int = assignment["actor_id"]
+        self.recovery_seq: int = assignment["recovery_seq"]
+        up_schema = TableSchema.from_json(job["upstream_schema"])
+        self.upstream = VersionedTable(job["upstream_table"], up_schema)
+        self.mv = VersionedTable(job["mv_table"], TableSchema.from_json(job["mv_schema"]))
+        self.view = View.build(up_schema, job["columns"], job["filter"])
+        self._pk_types = up_schema.pk_types
+        vnodes = [v for lo, hi in assignment["vnodes"] for v in range(lo, hi)]
+        self.executor = ArrangementBackfill(
+            self.actor_id,
+            vnodes,
+            self.upstream.key_of,
+            rate_limit=job["rate_limit"],
+            paused=job["paused"],
+            restore=self._restore(assignment.get("restore") or {}),
+        )
+
+    # progress as JSON ---------------------------------------------------------
+
+    def _restore(self, restore: dict[str, Any]) -> dict[int, VnodeProgress]:
+        out = {}
+        for v in restore.get("vnodes", []):
+            pos = v.get("current_pos")
+            key = (
+                tuple(coerce_value(t, x) for t, x in zip(self._pk_types, pos, strict=True))
+                if pos is not None
+                else None
+            )
+            out[int(v["vnode"])] = VnodeProgress(
+                VnodeState(v["state"]), key, int(v.get("row_count", 0))
+            )
+        return out
+
+    def _progress_json(self) -> list[dict[str, Any]]:
+        rows = self.executor.progress_rows()
+        for r in rows:
+            pos = r["current_pos"]
+            if pos is not None:
+                r["current_pos"] = [
+                    value_to_json(t, x) for t, x in zip(self._pk_types, pos, strict=True)
+                ]
+        return rows
+
+    # epochs -----------------------------------------------------------------
+
+    def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
+        """Complete the closing epoch (write its changes) and return the collect."""
+        barrier = Barrier(
+            EpochPair(message["prev"], message["curr"]),
+            BarrierKind(message["kind"]),
+            Mutation.from_json(message.get("mutation")),
+        )
+        ex = self.executor
+        with conn.cursor() as cur:
+            needed = ex.changes_needed(barrier)
+            changes = (
+                self.upstream.change_log_range(cur, needed.after, needed.upto, list(needed.vnodes))
+                if needed
+                else []
+            )
+            out = ex.on_barrier(barrier, changes)
+            versions = []
+            for c in out.emit:
+                mc = self.view.change(c)
+                if mc is None:
+                    continue
+                versions.append(
+                    Version(mc.new) if mc.new is not None else Version(mc.row, deleted=True)
+                )
+            self.mv.write(cur, out.write_epoch, versions)
+        conn.commit()
+        return {
+            "actor_id": self.actor_id,
+            "prev_epoch": barrier.epoch.prev,
+            "curr_epoch": barrier.epoch.curr,
+            "progress": {"vnodes": self._progress_json()},
+            "rows": out.rows,
+            "finished": out.finished,
+        }
+
+    def read_some(self, conn: Any, max_rows: int) -> int:
+        """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""
+        ex = self.executor
+        read = ex.next_batch_read(max_rows)
+        if read is None:
+            return -1
+        with conn.cursor() as cur:
+            rows = self.upstream.snapshot_multi(cur, read.epoch, read.starts, read.limit)
+            kept = ex.on_batch_rows(read, rows)
+            self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
+        conn.commit()
+        return len(rows)

@@ -1,0 +1,142 @@
+"""The worker process loop: register, heartbeat, poll barriers, run actors, collect.
+
+Between barriers the actors read their snapshots in chunks and write the rows at the
+open epoch; after every chunk the worker checks (a non-blocking poll) whether the next
+barrier is there, so barriers are never held up by snapshot reading, as in the seeds
+where the upstream side is always preferred.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+import psycopg2
+
+from spark_workers.actors import ActorRunner
+from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
+
+log = logging.getLogger(__name__)
+
+CHUNK_ROWS = 5_000
+
+
+class Worker:
+    def __init__(self, control_plane_url: str, name: str | None = None, capacity: int = 64) -> None:
+        self.client = ControlPlaneClient(control_plane_url)
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.capacity = capacity
+        self.stop_event = threading.Event()
+        self.runners: dict[int, ActorRunner] = {}
+        self.conn: Any = None
+        self.lease_ms = 10_000
+
+    # lifecycle --------------------------------------------------------------
+
+    def _register(self) -> None:
+        reg = self.client.register(self.name, self.capacity)
+        self.lease_ms = int(reg["lease_ms"])
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = psycopg2.connect(reg["database_url"])
+        self.runners.clear()
+        log.info("registered as worker %s", self.client.worker_id)
+
+    def _heartbeats(self) -> None:
+        while not self.stop_event.wait(self.lease_ms / 3000):
+            try:
+                self.client.heartbeat()
+            except Exception as e:  # the main loop notices a dead registration itself
+                log.warning("heartbeat failed: %s", e)
+
+    def run(self) -> int:
+        self._register()
+        threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
+        while not self.stop_event.is_set():
+            try:
+                self._step()
+            except WorkerGone:
+                log.warning("the control plane declared this worker dead; registering again")
+                self._register()
+            except Exception as e:
+                log.exception("actor failure")
+                self._fail(str(e) or type(e).__name__)
+        self._shutdown()
+        return 0
+
+    def _fail(self, message: str) -> None:
+        self.runners.clear()
+        if self.conn is not None:
+            try:
+                self.conn.rollback()
+            except psycopg2.Error:
+                self.conn.close()
+                self.conn = None
+        try:
+            self.client.report_failure(message)
+        except (ProtocolError, OSError) as e:
+            log.warning("could not report the failure: %s", e)
+        if self.conn is None:
+            self._register()
+
+    def _shutdown(self) -> None:
+        try:
+            self.client.deregister()
+        except Exception as e:
+            log.warning("could not deregister: %s", e)
+        if self.conn is not None:
+            self.conn.close()
+        self.client.close()
+
+    # work -----------------------------------------------------------------
+
+    def _step(self) -> None:
+        busy = any(r.executor.next_read(1) is not None for r in self.runners.values())
+        assignments = self.client.poll(timeout_ms=0 if busy else 2_000)["assignments"]
+        collects = self._barriers(assignments)
+        if collects:
+            self.client.collect_many(collects)
+        self._read_until_next_barrier()
+
+    def _barriers(self, assignments: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        live = {a["actor_id"] for a in assignments}
+        for actor_id in list(self.runners):
+            if actor_id not in live:
+                del self.runners[actor_id]  # stopped, moved or dropped
+        collects = []
+        for a in assignments:
+            barriers = a["barriers"]
+            runner = self.runners.get(a["actor_id"])
+            restart = barriers and (barriers[0]["kind"] == "initial" or a["restore"] is not None)
+            if runner is None or restart or runner.recovery_seq != a["recovery_seq"]:
+                if not barriers:
+                    continue  # wait for its first barrier
+                runner = ActorRunner(a)
+                self.runners[a["actor_id"]] = runner
+            for b in barriers:
+                collects.append(runner.on_barrier(self.conn, b))
+        return collects
+
+    def _read_until_next_barrier(self) -> None:
+        while not self.stop_event.is_set():
+            did = False
+            for runner in list(self.runners.values()):
+                if runner.read_some(self.conn, CHUNK_ROWS) >= 0:
+                    did = True
+            if not did:
+                return
+            pending = self.client.poll(timeout_ms=0)["assignments"]
+            if any(a["barriers"] for a in pending):
+                return
+
+
+def run_worker(control_plane_url: str, name: str | None = None) -> int:
+    import signal
+
+    worker = Worker(control_plane_url, name)
+    signal.signal(signal.SIGTERM, lambda *_: worker.stop_event.set())
+    signal.signal(signal.SIGINT, lambda *_: worker.stop_event.set())
+    return worker.run()
