@@ -54,6 +54,7 @@ async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # t
     if server.started:
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.port
         url = f"http://{settings.host}:{port}"
+        app.state.ctx.base_url = url
         print(f"backfill control plane ready at {url}", flush=True)
         if on_ready is not None:
             try:

@@ -16,3 +16,4 @@ class ServiceContext:
     db: Database
     clock: Clock = field(default=system_clock)
     signal: BarrierSignal = field(default_factory=BarrierSignal)
+    base_url: str | None = None  # known once the server listens

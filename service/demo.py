@@ -19,6 +19,8 @@ async def run_demo(base_url: str, *, keep_running: bool = False) -> None:
         print(
             f"database reachable: {ready['database']}, catalog at migration {ready['migrations']}"
         )
+        for j in (await http.get("/v1/jobs")).json()["jobs"]:
+            await _ok(await http.delete(f"/v1/jobs/{j['id']}"))
         if (await http.get(f"/v1/tables/{DEMO_TABLE}")).status_code == 200:
             await _ok(await http.delete(f"/v1/tables/{DEMO_TABLE}"))
         await _ok(
@@ -80,6 +82,44 @@ async def run_demo(base_url: str, *, keep_running: bool = False) -> None:
         )
         if count != expected:
             raise SystemExit(f"demo failed: read {count} rows, expected {expected}")
+        print("creating a materialized view of the big orders while a writer keeps going")
+        if (await http.get("/v1/jobs")).json()["jobs"]:
+            for j in (await http.get("/v1/jobs")).json()["jobs"]:
+                await _ok(await http.delete(f"/v1/jobs/{j['id']}"))
+        writer = asyncio.create_task(_writer(http, ROWS))
+        job = await _ok(
+            await http.post(
+                "/v1/jobs",
+                json={
+                    "name": "demo_big_orders",
+                    "upstream": {"table": DEMO_TABLE},
+                    "columns": ["id", "amount"],
+                    "filter": {"col": "amount", "op": ">=", "value": 50},
+                    "backfill": "arrangement",
+                    "parallelism": 4,
+                },
+            )
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            p = await _ok(await http.get(f"/v1/jobs/{job['id']}/progress"))
+            bar = "#" * int(p["percent"] / 5)
+            print(
+                f"  [{bar:<20}] {p['percent']:6.2f}%  {p['rows']:,} rows  {p['phase']}", flush=True
+            )
+            if p["state"] == "created":
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("demo failed: the job was not created within 60 s")
+            await asyncio.sleep(0.5)
+        for _ in range(3):
+            v = await _ok(await http.get(f"/v1/jobs/{job['id']}/verify"))
+            print(f"  verify at epoch {v['epoch']}: equal={v['equal']} ({v['mv_rows']:,} rows)")
+            if not v["equal"]:
+                raise SystemExit(f"demo failed: the view differs from its upstream: {v}")
+            await asyncio.sleep(0.3)
+        writer.cancel()
+        print(f"materialized view demo_big_orders is created and exact ({v['mv_rows']:,} rows)")
         metrics = (await http.get("/metrics")).text
         committed = [ln for ln in metrics.splitlines() if ln.startswith("backfill_committed_epoch")]
         print("barrier loop: " + (committed[0] if committed else "no commits yet"))
@@ -87,6 +127,30 @@ async def run_demo(base_url: str, *, keep_running: bool = False) -> None:
     if keep_running:
         print("serving until interrupted (Ctrl-C)", flush=True)
         await asyncio.Event().wait()
+
+
+async def _writer(http: httpx.AsyncClient, first_new: int) -> None:
+    """Keeps changing the upstream while the view is built."""
+    rng = random.Random(11)
+    key = first_new
+    while True:
+        ops = [
+            {
+                "op": "insert",
+                "row": {"id": key + i, "customer": "late", "amount": str(rng.randrange(100))},
+            }
+            for i in range(20)
+        ]
+        ops += [
+            {
+                "op": "update",
+                "row": {"id": rng.randrange(150, first_new), "amount": str(rng.randrange(100))},
+            }
+            for _ in range(5)
+        ]
+        key += 20
+        await _ok(await http.post(f"/v1/tables/{DEMO_TABLE}/dml", json={"ops": ops}))
+        await asyncio.sleep(0.05)
 
 
 async def _ok(r: httpx.Response) -> dict:  # type: ignore[type-arg]

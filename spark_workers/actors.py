@@ -13,6 +13,10 @@ from backfill_core.view import View
 from state_store.versioned import VersionedTable
 
 
+class Fenced(Exception):
+    """This actor was superseded by a recovery; its work must stop."""
+
+
 class ActorRunner:
     """Runs an arrangement-backfill actor against the state store (driver-side path)."""
 
@@ -22,6 +26,7 @@ class ActorRunner:
             raise ValueError(f"this worker cannot run {job['kind']!r} jobs yet")
         self.actor_id: int = assignment["actor_id"]
         self.recovery_seq: int = assignment["recovery_seq"]
+        self.graph_id: int = assignment["graph_id"]
         up_schema = TableSchema.from_json(job["upstream_schema"])
         self.upstream = VersionedTable(job["upstream_table"], up_schema)
         self.mv = VersionedTable(job["mv_table"], TableSchema.from_json(job["mv_schema"]))
@@ -65,6 +70,20 @@ class ActorRunner:
 
     # epochs -----------------------------------------------------------------
 
+    def _fence(self, cur: Any) -> None:
+        """Refuse to write once the graph recovered past this actor's incarnation.
+
+        The share lock makes a recovery (which rolls the MV back under an update lock on
+        the same row) wait for this write to commit; a write after it sees the new
+        recovery sequence and stops, so a zombie actor never leaves rows behind.
+        """
+        cur.execute("SELECT recovery_seq FROM graphs WHERE id = %s FOR SHARE", [self.graph_id])
+        row = cur.fetchone()
+        if row is None or row[0] != self.recovery_seq:
+            raise Fenced(
+                f"actor {self.actor_id} belongs to an earlier incarnation of graph {self.graph_id}"
+            )
+
     def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
         """Complete the closing epoch (write its changes) and return the collect."""
         barrier = Barrier(
@@ -80,6 +99,7 @@ class ActorRunner:
                 if needed
                 else []
             )
+            self._fence(cur)
             out = ex.on_barrier(barrier, changes)
             versions = []
             for c in out.emit:
@@ -107,6 +127,7 @@ class ActorRunner:
         if read is None:
             return -1
         with conn.cursor() as cur:
+            self._fence(cur)
             rows = self.upstream.snapshot_multi(cur, read.epoch, read.starts, read.limit)
             kept = ex.on_batch_rows(read, rows)
             self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])

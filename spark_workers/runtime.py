@@ -14,6 +14,7 @@ import socket
 import threading
 from typing import Any
 
+import httpx
 import psycopg2
 
 from spark_workers.actors import ActorRunner
@@ -61,6 +62,10 @@ class Worker:
             except WorkerGone:
                 log.warning("the control plane declared this worker dead; registering again")
                 self._register()
+            except httpx.TransportError as e:
+                # the control plane is away (restarting or shutting down): wait, then retry
+                log.warning("control plane unreachable: %s", e)
+                self.stop_event.wait(1.0)
             except Exception as e:
                 log.exception("actor failure")
                 self._fail(str(e) or type(e).__name__)
@@ -114,6 +119,9 @@ class Worker:
             if runner is None or restart or runner.recovery_seq != a["recovery_seq"]:
                 if not barriers:
                     continue  # wait for its first barrier
+                if a["restore"] is None:
+                    # its state is gone (this worker failed): only a recovery can restart it
+                    raise RuntimeError(f"actor {a['actor_id']} lost its state; asking for recovery")
                 runner = ActorRunner(a)
                 self.runners[a["actor_id"]] = runner
             for b in barriers:

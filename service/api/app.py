@@ -14,6 +14,7 @@ from service.api.errors import install_error_handlers
 from service.context import ServiceContext
 from service.db import Database
 from service.meta.loop import MetaLoop
+from service.meta.spawner import EmbeddedWorkerSpawner
 from service.settings import Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,13 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
             migrate.upgrade(database.engine)
         ctx = ServiceContext(settings=settings, db=database)
         app.state.ctx = ctx
+        spawner = (
+            EmbeddedWorkerSpawner(lambda: ctx.base_url)
+            if settings.embedded and settings.spawn_embedded_worker
+            else None
+        )
         loop = (
-            MetaLoop(settings, database, ctx.clock, ctx.signal)
+            MetaLoop(settings, database, ctx.clock, ctx.signal, spawner)
             if settings.run_barrier_loop
             else None
         )

@@ -25,6 +25,7 @@ from service.db import Database, raw_cursor
 from service.errors import Conflict, Invalid, NotFound
 from service.meta.barriers import enqueue_mutation
 from service.meta.epochs import MAIN_GRAPH_ID
+from service.meta.recovery import request_recovery
 from service.meta.scheduler import place_job_actors
 
 AVAILABLE_KINDS = ("arrangement",)
@@ -178,14 +179,12 @@ def update_job(
                     f"parallelism must be in 1..{min(MAX_PARALLELISM, vnode_count)}",
                     {"field": "parallelism"},
                 )
-            old = list(
-                s.execute(
-                    select(Actor.id).where(Actor.job_id == job.id, Actor.last_epoch.is_(None))
-                ).scalars()
-            )
+            # rescale through recovery: the new actors restart from the committed
+            # per-vnode progress at the same initial barrier, after the MV rolled back
+            s.execute(delete(Actor).where(Actor.job_id == job.id))
             job.parallelism = parallelism
-            enqueue_mutation(s, job.graph_id, {"stop": old})
-            place_job_actors(s, job, vnode_count)  # the new actors restore per-vnode progress
+            place_job_actors(s, job, vnode_count, at_recovery=True)
+            request_recovery(s, job.graph_id, "rescale")
         return job
 
 

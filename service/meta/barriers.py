@@ -75,7 +75,12 @@ def _pop_mutation(session: Session, graph_id: int) -> dict[str, Any] | None:
 
 def _apply_lifetimes(session: Session, mutation: dict[str, Any], curr: int) -> None:
     if mutation.get("add"):
-        session.execute(update(Actor).where(Actor.id.in_(mutation["add"])).values(first_epoch=curr))
+        # an actor starts once: recovery may already have started it
+        session.execute(
+            update(Actor)
+            .where(Actor.id.in_(mutation["add"]), Actor.first_epoch.is_(None))
+            .values(first_epoch=curr)
+        )
     if mutation.get("stop"):
         session.execute(update(Actor).where(Actor.id.in_(mutation["stop"])).values(last_epoch=curr))
 

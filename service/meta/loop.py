@@ -18,6 +18,7 @@ from service.clock import Clock, system_clock
 from service.db import Database
 from service.meta import barriers, gc, metrics, recovery
 from service.meta.signal import BarrierSignal
+from service.meta.spawner import EmbeddedWorkerSpawner
 from service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,9 @@ class MetaLoop:
         db: Database,
         clock: Clock = system_clock,
         signal: BarrierSignal | None = None,
+        spawner: EmbeddedWorkerSpawner | None = None,
     ) -> None:
+        self.spawner = spawner
         self.signal = signal or BarrierSignal()
         self.settings = settings
         self.db = db
@@ -96,8 +99,11 @@ class MetaLoop:
         now = self.clock()
         with self.db.transaction() as s:
             recovery.expire_workers(s)
-            for g in recovery.graphs_with_orphans(s):
+            orphaned = recovery.graphs_with_orphans(s)
+            for g in orphaned:
                 recovery.request_recovery(s, g, "actor without a live worker")
+            if self.spawner is not None and recovery.graphs_with_orphans_any_state(s):
+                self.spawner.ensure()
         with self.db.transaction() as s:
             graphs = list(s.execute(select(Graph.id, Graph.state).order_by(Graph.id)).all())
         for graph_id, state in graphs:
@@ -141,3 +147,5 @@ class MetaLoop:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.spawner is not None:
+            self.spawner.stop()

@@ -65,9 +65,21 @@ def graphs_with_orphans(session: Session) -> list[int]:
         .join(Graph, Graph.id == Actor.graph_id)
         .where(
             Graph.state == "running",
+            Actor.first_epoch.is_not(None),  # added already (pending adds wait for their barrier)
             Actor.last_epoch.is_(None),
             or_(Actor.worker_id.is_(None), Worker.state != "alive"),
         )
+        .distinct()
+    )
+    return list(session.execute(q).scalars())
+
+
+def graphs_with_orphans_any_state(session: Session) -> list[int]:
+    """Graphs (running or recovering) with a live actor that has no live worker."""
+    q = (
+        select(Actor.graph_id)
+        .outerjoin(Worker, Worker.id == Actor.worker_id)
+        .where(Actor.last_epoch.is_(None), or_(Actor.worker_id.is_(None), Worker.state != "alive"))
         .distinct()
     )
     return list(session.execute(q).scalars())
@@ -119,7 +131,9 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
     )
     session.execute(
         update(Actor)
-        .where(Actor.graph_id == graph_id, Actor.last_epoch.is_(None))
+        .where(
+            Actor.graph_id == graph_id, Actor.last_epoch.is_(None), Actor.first_epoch.is_not(None)
+        )
         .values(first_epoch=curr)
     )
     session.add(Barrier(graph_id=graph_id, prev_epoch=committed, curr_epoch=curr, kind="initial"))

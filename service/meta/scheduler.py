@@ -42,8 +42,14 @@ def pick_worker(workers: list[Worker], loads: Counter[int]) -> Worker | None:
     return best
 
 
-def place_job_actors(session: Session, job: Job, vnode_count: int) -> list[Actor]:
-    """Create the job's actors and queue the mutation that adds them at the next barrier."""
+START_AT_RECOVERY = 0  # first_epoch of actors that the next recovery starts
+
+
+def place_job_actors(
+    session: Session, job: Job, vnode_count: int, *, at_recovery: bool = False
+) -> list[Actor]:
+    """Create the job's actors, started by the next barrier (an ``add`` mutation) or,
+    with ``at_recovery``, by the ``initial`` barrier of the next recovery."""
     assert job.graph_id is not None
     workers = live_workers(session)
     loads = worker_loads(session)
@@ -56,11 +62,13 @@ def place_job_actors(session: Session, job: Job, vnode_count: int) -> list[Actor
             worker_id=w.id if w else None,
             vnodes=bitmap.to_json(),
             splits=[],
+            first_epoch=START_AT_RECOVERY if at_recovery else None,
         )
         session.add(actor)
         actors.append(actor)
     session.flush()
-    enqueue_mutation(session, job.graph_id, {"add": [a.id for a in actors]})
+    if not at_recovery:
+        enqueue_mutation(session, job.graph_id, {"add": [a.id for a in actors]})
     return actors
 
 

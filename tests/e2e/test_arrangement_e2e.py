@@ -144,3 +144,123 @@ def test_arrangement_backfill_is_exact_under_concurrent_writes(
     assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 5000
     progress = http.get(f"/v1/jobs/{job}/progress").json()
     assert progress["phase"] == "done" and progress["percent"] == 100
+
+
+def _job(http: httpx.Client, name: str, **extra: Any) -> int:
+    body = {
+        "name": name,
+        "upstream": {"table": "orders"},
+        "backfill": "arrangement",
+        "parallelism": 2,
+    } | extra
+    r = http.post("/v1/jobs", json=body)
+    assert r.status_code == 202, r.text
+    return int(r.json()["id"])
+
+
+def _created(http: httpx.Client, job: int) -> None:
+    _wait(lambda: http.get(f"/v1/jobs/{job}").json()["state"] == "created", what="job created")
+
+
+def _exact(http: httpx.Client, job: int, times: int = 2) -> None:
+    seen: set[int] = set()
+    while len(seen) < times:
+        v = http.get(f"/v1/jobs/{job}/verify").json()
+        assert v["equal"], v
+        seen.add(v["epoch"])
+        time.sleep(0.1)
+
+
+def test_pause_rate_limits_and_rescale_keep_the_view_exact(
+    cluster: tuple[httpx.Client, Worker],
+) -> None:
+    http, _ = cluster
+    load(http, 10_000)
+    writer = Writer(http, "orders", 10_000, seed=2)
+    writer.thread.start()
+    job = _job(http, "mv", rate_limit=2_000)
+    _wait(lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 0, what="some progress")
+    assert http.post(f"/v1/jobs/{job}/pause").json()["paused"] is True
+    time.sleep(0.5)
+    paused_rows = http.get(f"/v1/jobs/{job}/progress").json()["rows"]
+    time.sleep(0.5)
+    assert http.get(f"/v1/jobs/{job}/progress").json()["rows"] == paused_rows  # no snapshot reads
+    assert http.post(f"/v1/jobs/{job}/resume").json()["paused"] is False
+    assert http.patch(f"/v1/jobs/{job}", json={"rate_limit": 0}).json()["rate_limit"] == 0
+    assert (
+        http.patch(f"/v1/jobs/{job}", json={"rate_limit": 3_000, "parallelism": 4}).status_code
+        == 200
+    )
+    _wait(lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > paused_rows, what="resumed")
+    assert (
+        http.patch(f"/v1/jobs/{job}", json={"parallelism": 1, "rate_limit": None}).json()[
+            "parallelism"
+        ]
+        == 1
+    )
+    _created(http, job)
+    _exact(http, job)
+    writer.stop.set()
+    writer.thread.join(timeout=30)
+    _exact(http, job, times=1)
+
+
+def test_a_job_created_before_any_worker_exists(db: Database, fresh_db_url: str) -> None:
+    settings = Settings(
+        database_url=fresh_db_url, barrier_interval_ms=50, spawn_embedded_worker=False
+    )
+    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=60) as http:
+        load(http, 5_000)
+        writer = Writer(http, "orders", 5_000, seed=3)
+        writer.thread.start()
+        job = _job(http, "early")
+        time.sleep(0.5)  # the main graph waits in recovery for a worker
+        worker = Worker(url, "late")
+        t = threading.Thread(target=worker.run, daemon=True)
+        t.start()
+        _created(http, job)
+        _exact(http, job)
+        writer.stop.set()
+        writer.thread.join(timeout=30)
+        worker.stop_event.set()
+        t.join(timeout=30)
+
+
+def test_kill_9_of_the_worker_mid_backfill(db: Database, fresh_db_url: str) -> None:
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    settings = Settings(
+        database_url=fresh_db_url,
+        barrier_interval_ms=50,
+        worker_lease_ms=1_000,
+        spawn_embedded_worker=False,
+    )
+    backfill = str(Path(sys.executable).parent / "backfill")
+    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=60) as http:
+        load(http, 20_000)
+        writer = Writer(http, "orders", 20_000, seed=4)
+        writer.thread.start()
+        first = subprocess.Popen([backfill, "worker", "--control-plane", url, "--name", "victim"])
+        job = _job(http, "survivor", rate_limit=5_000)
+        _wait(
+            lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 2_000, what="mid-backfill"
+        )
+        before = http.get(f"/v1/jobs/{job}/progress").json()
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=30)
+        second = subprocess.Popen([backfill, "worker", "--control-plane", url, "--name", "heir"])
+        try:
+            after = http.get(f"/v1/jobs/{job}/progress").json()
+            assert after["rows"] >= before["rows"]  # committed progress never goes back
+            _created(http, job)
+            _exact(http, job)
+            metrics = http.get("/metrics").text
+            assert "backfill_recoveries_total" in metrics
+        finally:
+            writer.stop.set()
+            writer.thread.join(timeout=30)
+            second.terminate()
+            second.wait(timeout=30)
