@@ -1,0 +1,120 @@
+"""Every 4xx of the jobs API, and that a rejected create leaves nothing behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from service.db import Database
+from tests.integration.test_health_and_errors import assert_error
+from tests.integration.test_tables_api import ORDERS, create
+
+GOOD = {
+    "name": "mv",
+    "upstream": {"table": "orders"},
+    "columns": ["id", "amount"],
+    "backfill": "arrangement",
+}
+
+
+def _counts(db: Database) -> tuple[int, int, int]:
+    with db.engine.connect() as conn:
+        return (
+            conn.execute(text("SELECT count(*) FROM jobs")).scalar_one(),
+            conn.execute(text("SELECT count(*) FROM relations WHERE kind = 'mv'")).scalar_one(),
+            conn.execute(text("SELECT count(*) FROM actors")).scalar_one(),
+        )
+
+
+@pytest.mark.parametrize(
+    ("patch", "status", "field"),
+    [
+        ({"backfill": "snapshot"}, 422, "backfill"),
+        ({"backfill": "chain"}, 422, "backfill"),
+        ({"backfill": "magic"}, 422, None),
+        ({"columns": ["amount"]}, 422, "columns"),
+        ({"columns": ["id", "nope"]}, 422, "columns[1]"),
+        ({"columns": ["id", "id"]}, 422, "columns[1]"),
+        ({"filter": {"col": "nope", "op": "=", "value": 1}}, 422, "filter.col"),
+        ({"filter": {"col": "amount", "op": "~", "value": 1}}, 422, "filter.op"),
+        ({"filter": {"col": "amount", "op": ">", "value": "x"}}, 422, "filter.value"),
+        ({"filter": {"and": []}}, 422, "filter"),
+        ({"filter": {"col": "amount", "op": "in", "value": []}}, 422, "filter.value"),
+        ({"name": "Bad Name"}, 422, "name"),
+        ({"parallelism": 0}, 422, None),
+        ({"rate_limit": -1}, 422, None),
+        ({"upstream": {"table": "missing"}}, 404, None),
+        ({"name": "orders"}, 409, None),
+    ],
+)
+def test_bad_creates(
+    client: TestClient, db: Database, patch: dict[str, Any], status: int, field: str | None
+) -> None:
+    create(client, ORDERS)
+    r = client.post("/v1/jobs", json=GOOD | patch)
+    assert r.status_code == status, r.text
+    if field is not None:
+        assert r.json()["error"]["details"]["field"] == field
+    assert _counts(db) == (0, 0, 0)
+
+
+def test_create_read_list_drop(client: TestClient, db: Database) -> None:
+    create(client, ORDERS)
+    r = client.post(
+        "/v1/jobs",
+        json=GOOD | {"parallelism": 3, "filter": {"col": "amount", "op": ">=", "value": "1"}},
+    )
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert (
+        job["state"] == "creating"
+        and job["mv_table"] == "mv"
+        and job["upstream"] == {"table": "orders"}
+    )
+    assert _counts(db) == (1, 1, 3)
+    assert client.get(f"/v1/jobs/{job['id']}").json()["name"] == "mv"
+    assert [
+        j["id"] for j in client.get("/v1/jobs", params={"state": "creating"}).json()["jobs"]
+    ] == [job["id"]]
+    assert client.get("/v1/jobs", params={"state": "created"}).json()["jobs"] == []
+    assert client.get("/v1/tables/mv").json()["kind"] == "mv"
+    assert_error(client.post("/v1/jobs", json=GOOD), 409, "conflict")
+    assert_error(client.delete("/v1/tables/orders"), 409, "conflict")
+    assert_error(client.delete("/v1/tables/mv"), 409, "conflict")
+    assert_error(
+        client.post("/v1/tables/mv/dml", json={"ops": [{"op": "delete", "row": {"id": 1}}]}),
+        409,
+        "conflict",
+    )
+    assert client.delete(f"/v1/jobs/{job['id']}").status_code == 204
+    assert _counts(db) == (0, 0, 0)
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT to_regclass('store.mv')")).scalar() is None
+    assert client.delete("/v1/tables/orders").status_code == 204
+
+
+def test_unknown_jobs_and_bad_parameters(client: TestClient) -> None:
+    assert_error(client.get("/v1/jobs/999"), 404, "not_found")
+    assert_error(client.get("/v1/jobs/999/progress"), 404, "not_found")
+    assert_error(client.get("/v1/jobs/999/verify"), 404, "not_found")
+    assert_error(client.post("/v1/jobs/999/pause"), 404, "not_found")
+    assert_error(client.post("/v1/jobs/999/resume"), 404, "not_found")
+    assert_error(client.patch("/v1/jobs/999", json={"rate_limit": 5}), 404, "not_found")
+    assert_error(client.delete("/v1/jobs/999"), 404, "not_found")
+    assert_error(client.get("/v1/jobs", params={"state": "weird"}), 422, "validation_error")
+    assert_error(client.get("/v1/jobs/abc"), 422, "validation_error")
+
+
+def test_bad_patches_and_verify_epochs(client: TestClient) -> None:
+    create(client, ORDERS)
+    job = client.post("/v1/jobs", json=GOOD).json()["id"]
+    assert_error(client.patch(f"/v1/jobs/{job}", json={"parallelism": 0}), 422, "validation_error")
+    assert_error(client.patch(f"/v1/jobs/{job}", json={"rate_limit": -5}), 422, "validation_error")
+    assert_error(client.patch(f"/v1/jobs/{job}", json={"colour": "red"}), 422, "validation_error")
+    committed = client.get(f"/v1/jobs/{job}").json()["committed_epoch"]
+    far = committed + (3_600_000 << 16)
+    assert_error(client.get(f"/v1/jobs/{job}/verify", params={"epoch": far}), 409, "conflict")
+    assert_error(client.get(f"/v1/jobs/{job}/verify", params={"epoch": 0}), 422, "validation_error")
