@@ -64,6 +64,9 @@ class JobView(BaseModel):
     mv_table: str | None
     committed_epoch: int
     finished_epoch: int | None
+    recovering: bool = Field(description="its graph is in recovery right now")
+    recoveries: int = Field(description="recoveries of its graph so far")
+    recovery_reason: str | None
     error: str | None
     created_at: dt.datetime
 
@@ -102,6 +105,7 @@ class VerifyView(BaseModel):
 
 def _view(ctx: ServiceContext, job: Job) -> JobView:
     upstream, mv = jobs.relation_names(ctx.db, job)
+    graph = jobs.graph_of(ctx.db, job)
     return JobView(
         id=job.id,
         name=job.name,
@@ -114,8 +118,11 @@ def _view(ctx: ServiceContext, job: Job) -> JobView:
         columns=job.columns,
         filter=job.filter,
         mv_table=mv,
-        committed_epoch=jobs.committed_epoch_of(ctx.db, job),
+        committed_epoch=graph.committed_epoch,
         finished_epoch=job.finished_epoch,
+        recovering=graph.state == "recovering",
+        recoveries=graph.recovery_seq,
+        recovery_reason=graph.recovery_reason,
         error=job.error,
         created_at=job.created_at,
     )

@@ -221,6 +221,11 @@ def vnode_progress(db: Database, job_id: int) -> list[VnodeProgress]:
         )
 
 
+def graph_of(db: Database, job: Job) -> Graph:
+    with db.transaction() as s:
+        return s.execute(select(Graph).where(Graph.id == job.graph_id)).scalar_one()
+
+
 def committed_epoch_of(db: Database, job: Job) -> int:
     with db.transaction() as s:
         return int(

@@ -259,6 +259,8 @@ def test_kill_9_of_the_worker_mid_backfill(db: Database, fresh_db_url: str) -> N
             _exact(http, job)
             metrics = http.get("/metrics").text
             assert "backfill_recoveries_total" in metrics
+            view = http.get(f"/v1/jobs/{job}").json()
+            assert view["recoveries"] >= 1 and view["recovering"] is False
         finally:
             writer.stop.set()
             writer.thread.join(timeout=30)
