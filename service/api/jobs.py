@@ -94,15 +94,6 @@ class Progress(BaseModel):
     vnodes: list[VnodeRow]
 
 
-class VerifyView(BaseModel):
-    epoch: int
-    equal: bool
-    mv_rows: int
-    expected_rows: int
-    missing: list[dict[str, Any]]
-    unexpected: list[dict[str, Any]]
-
-
 def _view(ctx: ServiceContext, job: Job) -> JobView:
     upstream, mv = jobs.relation_names(ctx.db, job)
     graph = jobs.graph_of(ctx.db, job)
@@ -217,7 +208,8 @@ def drop_job(job_id: int, ctx: Ctx) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/{job_id}/verify", response_model=VerifyView)
-def verify(job_id: int, ctx: Ctx, epoch: Annotated[int | None, Query(ge=1)] = None) -> VerifyView:
-    v = jobs.verify(ctx.db, job_id, epoch)
-    return VerifyView(**v.__dict__)
+@router.get("/{job_id}/verify", response_model=jobs.Verification)
+def verify(
+    job_id: int, ctx: Ctx, epoch: Annotated[int | None, Query(ge=1)] = None
+) -> jobs.Verification:
+    return jobs.verify(ctx.db, job_id, epoch)

@@ -20,7 +20,7 @@ from backfill_core.schema import (
 from backfill_core.view import View
 from service.catalog.models import Actor, EpochPin, Graph, Job, Relation, VnodeProgress
 from service.catalog.tables import _get as get_relation
-from service.catalog.tables import storage_of
+from service.catalog.tables import readable_epoch, storage_of
 from service.db import Database, raw_cursor
 from service.errors import Conflict, Invalid, NotFound
 from service.meta.barriers import enqueue_mutation
@@ -269,16 +269,10 @@ def verify(db: Database, job_id: int, epoch: int | None, sample: int = 10) -> Ve
         committed = int(
             s.execute(select(Graph.committed_epoch).where(Graph.id == job.graph_id)).scalar_one()
         )
-        if epoch is None:
-            epoch = committed
-        elif epoch > committed:
-            raise Conflict(
-                f"epoch {epoch} is not committed yet (committed: {committed})",
-                {"committed_epoch": committed},
-            )
         up = s.get(Relation, job.upstream_relation_id)
         mv = s.get(Relation, job.mv_relation_id)
         assert up is not None and mv is not None
+        epoch = readable_epoch(epoch, committed, max(up.gc_epoch, mv.gc_epoch))
         up_table, mv_table = storage_of(up), storage_of(mv)
         view = View.build(up_table.schema, job.columns, job.filter)
         cur = raw_cursor(s)

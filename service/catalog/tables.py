@@ -183,24 +183,29 @@ def _parse_ops(schema: TableSchema, ops: Sequence[DmlOp]) -> list[tuple[str, Row
     return out
 
 
+def readable_epoch(epoch: int | None, committed: int, gc_epoch: int) -> int:
+    """The epoch a committed read happens at: 409 if not committed yet, 410 if collected."""
+    if epoch is None:
+        epoch = committed
+    elif epoch > committed:
+        raise Conflict(
+            f"epoch {epoch} is not committed yet (committed: {committed})",
+            {"committed_epoch": committed},
+        )
+    if epoch < gc_epoch:
+        raise Gone(
+            f"epoch {epoch} was garbage-collected (oldest readable: {gc_epoch})",
+            {"oldest_readable_epoch": gc_epoch},
+        )
+    return epoch
+
+
 def read_rows(
     db: Database, name: str, epoch: int | None, limit: int, after: str | None
 ) -> RowsPage:
     with db.transaction() as s:
         rel = _get(s, name)
-        committed = committed_epoch(s, rel)
-        if epoch is None:
-            epoch = committed
-        elif epoch > committed:
-            raise Conflict(
-                f"epoch {epoch} is not committed yet (committed: {committed})",
-                {"committed_epoch": committed},
-            )
-        if epoch < rel.gc_epoch:
-            raise Gone(
-                f"epoch {epoch} was garbage-collected (oldest readable: {rel.gc_epoch})",
-                {"oldest_readable_epoch": rel.gc_epoch},
-            )
+        epoch = readable_epoch(epoch, committed_epoch(s, rel), rel.gc_epoch)
         table = storage_of(rel)
         schema = table.schema
         bound = _decode_cursor(schema, after) if after else None

@@ -35,21 +35,7 @@ class StoreModel:
         return sorted(out, key=lambda vr: (vr[0], self.key_of(vr[1])))
 
     def change_log(self, epoch: int) -> list[RowChange]:
-        out = []
-        for key, eps in self.versions.items():
-            if epoch not in eps:
-                continue
-            deleted, new = eps[epoch]
-            prev = self._latest(key, epoch, strict=True)
-            old = prev[1] if prev is not None and not prev[0] else None
-            vnode = self.vnode_of(new)
-            if deleted and old is not None:
-                out.append(RowChange(Op.DELETE, vnode, old, None))
-            elif not deleted and old is None:
-                out.append(RowChange(Op.INSERT, vnode, None, new))
-            elif not deleted:
-                out.append(RowChange(Op.UPDATE, vnode, old, new))
-        return sorted(out, key=lambda c: (c.vnode, self.key_of(c.row)))
+        return self.change_log_range(epoch - 1, epoch)
 
     def change_log_range(self, after: int, upto: int) -> list[RowChange]:
         """Net change per key over epochs (after, upto]."""
