@@ -13,6 +13,7 @@ import time
 import psycopg2
 from sqlalchemy import select
 
+from service import migrate
 from service.catalog.models import Barrier, Graph
 from service.clock import Clock, system_clock
 from service.db import Database
@@ -129,12 +130,20 @@ class MetaLoop:
     def run(self) -> None:
         interval = self.settings.barrier_interval_ms / 1000
         next_at = time.monotonic()
+        waiting_logged = migrated = False
         while not self._stop.is_set():
-            if self._try_lead():
-                try:
+            try:
+                migrated = migrated or migrate.at_head(self.db.engine)
+                if not migrated:
+                    if not waiting_logged:
+                        log.warning("barrier loop waits for the catalog migrations to reach head")
+                        waiting_logged = True
+                elif self._try_lead():
                     self.tick()
-                except Exception:
-                    log.exception("barrier loop tick failed")
+            except Exception:
+                # give up leadership: the next leader (maybe us) starts with a recovery
+                log.exception("barrier loop tick failed")
+                self._drop_lock_conn()
             next_at = max(next_at + interval, time.monotonic())
             self._stop.wait(max(0.0, next_at - time.monotonic()))
         self._drop_lock_conn(stopping=True)
