@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from collections.abc import Callable, Sequence
-from decimal import Decimal
 from typing import Any
 
 from backfill_core.schema import ColumnType
@@ -61,19 +59,9 @@ def _from_db_bytea(v: Any) -> bytes:
     return bytes(v)
 
 
-def _from_db_tz(v: Any) -> dt.datetime:
-    return v.astimezone(dt.UTC) if isinstance(v, dt.datetime) else v
-
-
-def _from_db_numeric(v: Any) -> Decimal:
-    return v if isinstance(v, Decimal) else Decimal(str(v))
-
-
-_DECODERS: dict[ColumnType, Callable[[Any], Any]] = {
-    ColumnType.BYTEA: _from_db_bytea,
-    ColumnType.TIMESTAMPTZ: _from_db_tz,
-    ColumnType.NUMERIC: _from_db_numeric,
-}
+# psycopg2 already returns Decimal for numeric and aware datetimes for timestamptz
+# (equal and hashing alike whatever their zone); only bytea needs a conversion
+_DECODERS: dict[ColumnType, Callable[[Any], Any]] = {ColumnType.BYTEA: _from_db_bytea}
 
 
 def row_decoder(types: Sequence[ColumnType]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
