@@ -116,8 +116,8 @@ def test_arrangement_backfill_is_exact_under_concurrent_writes(
     cluster: tuple[httpx.Client, Worker],
 ) -> None:
     http, _ = cluster
-    load(http, 20_000)
-    writer = Writer(http, "orders", 20_000, seed=1)
+    load(http, 200_000)
+    writer = Writer(http, "orders", 200_000, seed=1)
     writer.thread.start()
     body = {
         "name": "big_orders",
@@ -141,7 +141,7 @@ def test_arrangement_backfill_is_exact_under_concurrent_writes(
     writer.thread.join(timeout=30)
     assert writer.batches > 5
     v = http.get(f"/v1/jobs/{job}/verify").json()
-    assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 5000
+    assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 50_000
     progress = http.get(f"/v1/jobs/{job}/progress").json()
     assert progress["phase"] == "done" and progress["percent"] == 100
 
