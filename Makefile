@@ -3,8 +3,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The dashboard's browser test drives Debian's Chromium through Playwright (no
+# `playwright install` download); only `make test` needs it.
+CHROMIUM := /usr/bin/chromium
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT      := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: install demo test test-fast lint fmt typecheck openapi bench serve clean
+.PHONY: install chromium demo test test-fast lint fmt typecheck openapi bench serve clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required by Spark (install openjdk-17-jre-headless)"; exit 1; }
@@ -15,13 +20,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# installed only when missing; the package lists are refreshed only if that fails
+$(CHROMIUM):
+	$(APT) install -y chromium || { $(APT) update && $(APT) install -y chromium; }
+
+chromium: $(CHROMIUM)
+
 demo: $(STAMP)
 	$(BIN)/backfill demo
 
 serve: $(STAMP)
 	$(BIN)/backfill serve
 
-test: $(STAMP)
+test: $(STAMP) $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)

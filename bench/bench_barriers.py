@@ -8,20 +8,15 @@ request to the same server (``/healthz``) timed the same way.
 from __future__ import annotations
 
 import statistics
-import tempfile
 import threading
 import time
 import uuid
 from typing import Any
 
 import httpx
-import psycopg2
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
-from service import migrate
-from service.db import Database
-from service.embedded_pg import EmbeddedPostgres, to_libpq_url
+from bench._pg import fresh_database
 from service.settings import Settings
 from spark_workers.client import ControlPlaneClient
 from tests.kit.live import live_server
@@ -53,16 +48,7 @@ def _fake_worker(url: str, stop: threading.Event) -> None:
 def run(quick: bool) -> list[dict[str, Any]]:
     barriers = 60 if quick else 300
     interval_ms = 100
-    with tempfile.TemporaryDirectory() as tmp:
-        pg = EmbeddedPostgres(tmp)
-        server_url = pg.start()
-        name = f"bench_{uuid.uuid4().hex[:8]}"
-        admin = psycopg2.connect(to_libpq_url(server_url))
-        admin.autocommit = True
-        admin.cursor().execute(f'CREATE DATABASE "{name}"')
-        url = make_url(server_url).set(database=name).render_as_string(hide_password=False)
-        db = Database(url)
-        migrate.upgrade(db.engine)
+    with fresh_database() as (url, db):
         settings = Settings(
             database_url=url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False
         )
@@ -109,10 +95,6 @@ def run(quick: bool) -> list[dict[str, Any]]:
             stop.set()
             for t in threads:
                 t.join(timeout=30)
-        db.close()
-        admin.cursor().execute(f'DROP DATABASE "{name}" WITH (FORCE)')
-        admin.close()
-        pg.stop()
     p50, p99 = statistics.median(lat), _pct(lat, 99)
     f50, f99 = statistics.median(floor), _pct(floor, 99)
     note = (

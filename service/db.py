@@ -11,6 +11,11 @@ from sqlalchemy.orm import Session, sessionmaker
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
 from service.settings import Settings
 
+# The store's reads are many short index walks (a UNION ALL branch per vnode): a server
+# built with LLVM would JIT-compile every branch, which costs more than the query
+# itself (measured: 11.5 s instead of 0.5 s for 1M rows over 128 vnodes).
+NO_JIT = "-c jit=off"
+
 
 class Database:
     def __init__(self, url: str, embedded: EmbeddedPostgres | None = None) -> None:
@@ -18,7 +23,12 @@ class Database:
         self.libpq_url = to_libpq_url(self.url)
         self.embedded = embedded
         self.engine: Engine = create_engine(
-            self.url, pool_pre_ping=True, pool_size=10, max_overflow=20, future=True
+            self.url,
+            pool_pre_ping=True,
+            pool_size=10,
+            max_overflow=20,
+            future=True,
+            connect_args={"options": NO_JIT},
         )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
 

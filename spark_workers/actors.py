@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg2 import sql
+
 from backfill_core.changes import Version
 from backfill_core.epoch import EpochPair
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeProgress, VnodeState
+from backfill_core.executors.chain import ChainBackfill
 from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
 from backfill_core.view import View
@@ -22,25 +25,49 @@ class ActorRunner:
 
     def __init__(self, assignment: dict[str, Any]) -> None:
         job = assignment["job"]
-        if job["kind"] != "arrangement":
+        if job["kind"] not in ("arrangement", "chain"):
             raise ValueError(f"this worker cannot run {job['kind']!r} jobs yet")
+        self.kind: str = job["kind"]
         self.actor_id: int = assignment["actor_id"]
         self.recovery_seq: int = assignment["recovery_seq"]
         self.graph_id: int = assignment["graph_id"]
+        self.job_id: int = assignment["job_id"]
+        self.job_columns: list[str] = list(job["columns"])
+        self.job_filter: Any = job["filter"]
         up_schema = TableSchema.from_json(job["upstream_schema"])
         self.upstream = VersionedTable(job["upstream_table"], up_schema)
         self.mv = VersionedTable(job["mv_table"], TableSchema.from_json(job["mv_schema"]))
         self.view = View.build(up_schema, job["columns"], job["filter"])
         self._pk_types = up_schema.pk_types
-        vnodes = [v for lo, hi in assignment["vnodes"] for v in range(lo, hi)]
-        self.executor = ArrangementBackfill(
-            self.actor_id,
-            vnodes,
-            self.upstream.key_of,
-            rate_limit=job["rate_limit"],
-            paused=job["paused"],
-            restore=self._restore(assignment.get("restore") or {}),
-        )
+        self.pk_types = up_schema.pk_types
+        self.estimated_rows: int | None = None  # this actor's share of the upstream
+        self.vnode_ranges: list[tuple[int, int]] = [(lo, hi) for lo, hi in assignment["vnodes"]]
+        vnodes = [v for lo, hi in self.vnode_ranges for v in range(lo, hi)]
+        restore = assignment.get("restore") or {}
+        self.executor: ArrangementBackfill | ChainBackfill
+        self._truncate = False
+        if self.kind == "chain":
+            # no mid-backfill progress (as in the seed): unless the job was created, the
+            # actor starts over on an empty view of its vnodes
+            finished = bool(restore.get("finished")) or job.get("state") == "created"
+            self._truncate = not finished
+            self.executor = ChainBackfill(
+                self.actor_id,
+                vnodes,
+                self.upstream.key_of,
+                rate_limit=job["rate_limit"],
+                paused=job["paused"],
+                finished=finished,
+            )
+        else:
+            self.executor = ArrangementBackfill(
+                self.actor_id,
+                vnodes,
+                self.upstream.key_of,
+                rate_limit=job["rate_limit"],
+                paused=job["paused"],
+                restore=self._restore(restore),
+            )
 
     # progress as JSON ---------------------------------------------------------
 
@@ -67,6 +94,24 @@ class ActorRunner:
                     value_to_json(t, x) for t, x in zip(self._pk_types, pos, strict=True)
                 ]
         return rows
+
+    def remaining_estimate(self, conn: Any) -> int:
+        """Rows still to read, from the planner's row estimate (cheap, approximate)."""
+        if self.estimated_rows is None:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+                    [f'store."{self.upstream.name}"'],
+                )
+                row = cur.fetchone()
+                total = float(row[0]) if row and row[0] is not None else -1.0
+                if total < 0:  # never analysed: count once
+                    cur.execute(sql.SQL("SELECT count(*) FROM {}").format(self.upstream.ident))
+                    total = float(cur.fetchone()[0])
+            conn.rollback()
+            share = len(self.executor.vnodes) / self.upstream.schema.vnode_count
+            self.estimated_rows = int(total * share)
+        return max(0, self.estimated_rows - self.executor.total_rows)
 
     # epochs -----------------------------------------------------------------
 
@@ -100,6 +145,10 @@ class ActorRunner:
                 else []
             )
             self._fence(cur)
+            if self._truncate:
+                for lo, hi in self.vnode_ranges:
+                    self.mv.delete_vnodes(cur, lo, hi)
+                self._truncate = False
             out = ex.on_barrier(barrier, changes)
             versions = []
             for c in out.emit:
@@ -123,6 +172,8 @@ class ActorRunner:
     def read_some(self, conn: Any, max_rows: int) -> int:
         """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""
         ex = self.executor
+        if not isinstance(ex, ArrangementBackfill):
+            return self._read_spread(conn, max_rows)
         read = ex.next_batch_read(max_rows)
         if read is None:
             return -1
@@ -130,6 +181,28 @@ class ActorRunner:
             self._fence(cur)
             rows = self.upstream.snapshot_multi(cur, read.epoch, read.starts, read.limit)
             kept = ex.on_batch_rows(read, rows)
+            self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
+        conn.commit()
+        return len(rows)
+
+    def _read_spread(self, conn: Any, max_rows: int) -> int:
+        """One read per pending vnode, each with its share of ``max_rows``, one round trip."""
+        ex = self.executor
+        reads = ex.next_spread_read(max_rows)
+        if not reads:
+            return -1
+        with conn.cursor() as cur:
+            self._fence(cur)
+            rows = self.upstream.snapshot_reads(
+                cur, reads[0].epoch, [(r.vnode, r.after, r.limit) for r in reads]
+            )
+            by_vnode: dict[int, list[Any]] = {}
+            for v, row in rows:
+                by_vnode.setdefault(v, []).append(row)
+            kept = []
+            for r in reads:
+                got = by_vnode.get(r.vnode, [])
+                kept += ex.on_snapshot_rows(r, got)
             self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
         conn.commit()
         return len(rows)

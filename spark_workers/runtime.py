@@ -17,8 +17,11 @@ from typing import Any
 import httpx
 import psycopg2
 
+from service.db import NO_JIT
+from service.settings import Settings, load_settings
 from spark_workers.actors import ActorRunner
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
+from spark_workers.spark_path import SparkPath
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +29,16 @@ CHUNK_ROWS = 5_000
 
 
 class Worker:
-    def __init__(self, control_plane_url: str, name: str | None = None, capacity: int = 64) -> None:
+    def __init__(
+        self,
+        control_plane_url: str,
+        name: str | None = None,
+        capacity: int = 64,
+        settings: Settings | None = None,
+    ) -> None:
+        self.settings = settings or load_settings()
         self.client = ControlPlaneClient(control_plane_url)
+        self.spark: SparkPath | None = None
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.capacity = capacity
         self.stop_event = threading.Event()
@@ -42,8 +53,14 @@ class Worker:
         self.lease_ms = int(reg["lease_ms"])
         if self.conn is not None:
             self.conn.close()
-        self.conn = psycopg2.connect(reg["database_url"])
+        self.conn = psycopg2.connect(reg["database_url"], options=NO_JIT)
         self.runners.clear()
+        if self.settings.spark_mode != "never":
+            if self.spark is not None and self.spark.dsn != reg["database_url"]:
+                self.spark.stop()
+                self.spark = None
+            if self.spark is None:
+                self.spark = SparkPath(self.settings.spark_master, reg["database_url"])
         log.info("registered as worker %s", self.client.worker_id)
 
     def _heartbeats(self) -> None:
@@ -81,7 +98,7 @@ class Worker:
                 self.conn.close()
                 self.conn = None
         try:
-            self.client.report_failure(message)
+            self.client.report_failure(message[:2000])
         except (ProtocolError, OSError) as e:
             log.warning("could not report the failure: %s", e)
         if self.conn is None:
@@ -94,6 +111,8 @@ class Worker:
             log.warning("could not deregister: %s", e)
         if self.conn is not None:
             self.conn.close()
+        if self.spark is not None:
+            self.spark.stop()
         self.client.close()
 
     # work -----------------------------------------------------------------
@@ -128,10 +147,35 @@ class Worker:
                 collects.append(runner.on_barrier(self.conn, b))
         return collects
 
+    def _spark_runners(self) -> list[ActorRunner]:
+        """Actors whose next reads are large enough for a Spark job (per job on this worker)."""
+        s = self.settings
+        if self.spark is None or s.spark_mode == "never":
+            return []
+        eligible = [
+            r
+            for r in self.runners.values()
+            if (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
+            and r.executor.next_read(1) is not None
+        ]
+        if s.spark_mode == "always":
+            return eligible
+        remaining: dict[int, int] = {}
+        for r in eligible:
+            remaining[r.job_id] = remaining.get(r.job_id, 0) + r.remaining_estimate(self.conn)
+        return [r for r in eligible if remaining[r.job_id] >= s.spark_min_rows]
+
     def _read_until_next_barrier(self) -> None:
         while not self.stop_event.is_set():
             did = False
+            large = self._spark_runners()
+            if large:
+                assert self.spark is not None
+                self.spark.run_epoch(large, self.settings.spark_epoch_rows)
+                did = True
             for runner in list(self.runners.values()):
+                if runner in large:
+                    continue
                 if runner.read_some(self.conn, CHUNK_ROWS) >= 0:
                     did = True
             if not did:

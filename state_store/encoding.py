@@ -13,7 +13,11 @@ NULL = "\\N"
 
 
 def _text(v: Any) -> str:
-    return str(v).translate(_ESCAPES)
+    s = str(v)
+    # most text needs no escaping, and four substring scans cost less than a translate
+    if "\\" in s or "\t" in s or "\n" in s or "\r" in s:
+        return s.translate(_ESCAPES)
+    return s
 
 
 def _json(v: Any) -> str:

@@ -21,11 +21,12 @@ from typing import Any
 from psycopg2 import errors, sql
 
 from backfill_core.changes import Op, Row, RowChange, Version
-from backfill_core.schema import TableSchema
+from backfill_core.schema import ColumnType, TableSchema
 from backfill_core.vnode import compute_vnode, vnode_hasher
 from state_store.encoding import line_formatter, row_decoder
 
 SCHEMA = "store"
+COPY_CHUNK = 1 << 20  # bytes per round of COPY data (psycopg2 sends 8 kB by default)
 VNODE, EPOCH, DELETED = "_vnode", "_epoch", "_deleted"
 
 
@@ -33,6 +34,14 @@ def _ids(names: Iterable[str], prefix: str | None = None) -> sql.Composed:
     if prefix is None:
         return sql.SQL(", ").join(sql.Identifier(n) for n in names)
     return sql.SQL(", ").join(sql.Identifier(prefix, n) for n in names)
+
+
+def _as_text(name: str, t: ColumnType) -> sql.Composable:
+    if t in (ColumnType.NUMERIC, ColumnType.JSONB):
+        return sql.SQL("{}::text").format(sql.Identifier(name))
+    if t is ColumnType.TIMESTAMPTZ:
+        return sql.SQL("({} AT TIME ZONE 'UTC')").format(sql.Identifier(name))
+    return sql.Identifier(name)
 
 
 @dataclass(frozen=True)
@@ -130,24 +139,38 @@ class VersionedTable:
         if not latest:
             return 0
         # (vnode, pk) order: the heap then follows the key index, so snapshot reads
-        # (which walk that index) touch neighbouring pages
+        # (which walk that index) touch neighbouring pages. Bucketing by vnode keeps the
+        # input order inside each bucket, so input already in key order (bulk loads)
+        # sorts in linear time, and the sort compares keys only.
         vnode_of_key = self._vnode_of_key
-        # keys are unique, so the sort never compares the versions themselves
-        ordered = sorted([(vnode_of_key(k), k, v) for k, v in latest.items()])  # type: ignore[type-var]
+        buckets: dict[int, list[tuple[Row, Version]]] = {}
+        for item in latest.items():
+            vn = vnode_of_key(item[0])
+            bucket = buckets.get(vn)
+            if bucket is None:
+                buckets[vn] = [item]
+            else:
+                bucket.append(item)
         fmt = self._format_line
         live = f"\t{epoch}\tf"
         dead = f"\t{epoch}\tt"
         nulls = self._null_row
-        lines = [
-            fmt(vn, k, dead, nulls) if v.deleted else fmt(vn, k, live, v.row)
-            for vn, k, v in ordered
-        ]
+        by_key = operator.itemgetter(0)
+        lines = []
+        for vn in sorted(buckets):
+            items = buckets[vn]
+            items.sort(key=by_key)
+            lines += [
+                fmt(vn, k, dead, nulls) if v.deleted else fmt(vn, k, live, v.row) for k, v in items
+            ]
         buf = io.StringIO("".join(lines))
         cur.execute("SAVEPOINT store_write")
         try:
             buf.seek(0)
             cur.copy_expert(
-                sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)), buf
+                sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)),
+                buf,
+                size=COPY_CHUNK,
             )
         except errors.UniqueViolation:
             cur.execute("ROLLBACK TO SAVEPOINT store_write")
@@ -156,7 +179,26 @@ class VersionedTable:
         cur.execute("RELEASE SAVEPOINT store_write")
         return len(latest)
 
-    def _upsert(self, cur: Any, buf: io.StringIO) -> None:
+    def write_csv(self, cur: Any, data: bytes) -> None:
+        """Write storage-layout rows given as CSV (``_vnode, <pk>, _epoch, _deleted,
+        <values>``), with the same last-write-wins rule as ``write``."""
+        if not data:
+            return
+        cur.execute("SAVEPOINT store_write")
+        try:
+            cur.copy_expert(
+                sql.SQL("COPY {} ({}) FROM STDIN WITH (FORMAT csv)").format(
+                    self.ident, _ids(self._storage_cols)
+                ),
+                io.BytesIO(data),
+                size=COPY_CHUNK,
+            )
+        except errors.UniqueViolation:
+            cur.execute("ROLLBACK TO SAVEPOINT store_write")
+            self._upsert(cur, io.BytesIO(data), csv=True)
+        cur.execute("RELEASE SAVEPOINT store_write")
+
+    def _upsert(self, cur: Any, buf: Any, csv: bool = False) -> None:
         staging = sql.Identifier(f"_staging_{self.name}"[:63])
         cur.execute(
             sql.SQL(
@@ -165,7 +207,12 @@ class VersionedTable:
         )
         cur.execute(sql.SQL("TRUNCATE {}").format(staging))
         cur.copy_expert(
-            sql.SQL("COPY {} ({}) FROM STDIN").format(staging, _ids(self._storage_cols)), buf
+            sql.SQL("COPY {} ({}) FROM STDIN{}").format(
+                staging,
+                _ids(self._storage_cols),
+                sql.SQL(" WITH (FORMAT csv)" if csv else ""),
+            ),
+            buf,
         )
         conflict = _ids([VNODE, *self.pk, EPOCH])
         updates = sql.SQL(", ").join(
@@ -249,9 +296,32 @@ class VersionedTable:
         """
         if not starts:
             return []
+        q, params = self._snapshot_branches(epoch, [(v, a, limit) for v, a in starts])
+        q = sql.SQL("SELECT * FROM ({}) u LIMIT %s").format(q)
+        cur.execute(q, [*params, limit])
+        decode = self._decode
+        return [(r[0], decode(r[1:])) for r in cur.fetchall()]
+
+    def snapshot_reads_query(
+        self, epoch: int, reads: Sequence[tuple[int, Row | None, int]], *, as_text: bool = False
+    ) -> tuple[sql.Composed, list[Any]]:
+        """One query for several vnode reads ``(vnode, after pk, limit)``, each with its
+        own limit, in the order given: ``(vnode, *columns)`` rows.
+
+        ``as_text`` casts numeric and jsonb to text (exact, and cheap to move on) and
+        gives timestamptz as UTC wall time (an unambiguous form for CSV readers).
+        """
+        return self._snapshot_branches(epoch, reads, as_text=as_text)
+
+    def _snapshot_branches(
+        self, epoch: int, reads: Sequence[tuple[int, Row | None, int]], *, as_text: bool = False
+    ) -> tuple[sql.Composed, list[Any]]:
+        outer: sql.Composable = _ids(self.names)
+        if as_text:
+            outer = sql.SQL(", ").join(_as_text(c.name, c.type) for c in self.schema.columns)
         branches = []
         params: list[Any] = []
-        for vnode, after in starts:
+        for vnode, after, limit in reads:
             conds = [
                 sql.SQL("{} = %s AND {} <= %s").format(sql.Identifier(VNODE), sql.Identifier(EPOCH))
             ]
@@ -265,10 +335,11 @@ class VersionedTable:
                 params += list(after)
             branches.append(
                 sql.SQL(
-                    "(SELECT {vn}, {cols} FROM (SELECT DISTINCT ON ({pk}) {vn}, {cols}, {dl} FROM {t} "
+                    "(SELECT {vn}, {outer} FROM (SELECT DISTINCT ON ({pk}) {vn}, {cols}, {dl} FROM {t} "
                     "WHERE {conds} ORDER BY {pk}, {ep} DESC) s WHERE NOT {dl} LIMIT %s)"
                 ).format(
                     vn=sql.Identifier(VNODE),
+                    outer=outer,
                     cols=_ids(self.names),
                     pk=_ids(self.pk),
                     dl=sql.Identifier(DELETED),
@@ -278,8 +349,16 @@ class VersionedTable:
                 )
             )
             params.append(limit)
-        q = sql.SQL("SELECT * FROM ({}) u LIMIT %s").format(sql.SQL(" UNION ALL ").join(branches))
-        cur.execute(q, [*params, limit])
+        return sql.SQL(" UNION ALL ").join(branches), params
+
+    def snapshot_reads(
+        self, cur: Any, epoch: int, reads: Sequence[tuple[int, Row | None, int]]
+    ) -> list[tuple[int, Row]]:
+        """Several vnode reads ``(vnode, after pk, limit)`` in one round trip."""
+        if not reads:
+            return []
+        q, params = self._snapshot_branches(epoch, reads)
+        cur.execute(q, params)
         decode = self._decode
         return [(r[0], decode(r[1:])) for r in cur.fetchall()]
 
@@ -406,6 +485,16 @@ class VersionedTable:
         return int(value) if value is not None else None
 
     # maintenance ------------------------------------------------------------
+
+    def delete_vnodes(self, cur: Any, lo: int, hi: int) -> int:
+        """Remove every version of vnodes ``[lo, hi)`` (a backfill that starts over)."""
+        cur.execute(
+            sql.SQL("DELETE FROM {} WHERE {vn} >= %s AND {vn} < %s").format(
+                self.ident, vn=sql.Identifier(VNODE)
+            ),
+            [lo, hi],
+        )
+        return int(cur.rowcount)
 
     def rollback(self, cur: Any, committed_epoch: int) -> int:
         """Remove every version written after ``committed_epoch``."""

@@ -21,6 +21,12 @@ from enum import StrEnum
 from typing import Any
 
 from backfill_core.changes import Row, RowChange
+from backfill_core.executors.flow import (
+    apply_flow_mutation,
+    check_summary,
+    spread_reads,
+    vnode_progress_rows,
+)
 from backfill_core.executors.messages import (
     Barrier,
     BarrierOutput,
@@ -159,15 +165,9 @@ class ArrangementBackfill:
         self.phase = Phase.FORWARDING
 
     def _apply_mutation(self, barrier: Barrier) -> None:
-        m = barrier.mutation
-        if m is None:
-            return
-        if m.pause:
-            self.paused = True
-        if m.resume:
-            self.paused = False
-        if self.actor_id in m.throttle:
-            self.rate_limit = m.throttle[self.actor_id]
+        self.paused, self.rate_limit = apply_flow_mutation(
+            self.actor_id, barrier.mutation, self.paused, self.rate_limit
+        )
 
     # snapshot side --------------------------------------------------------
 
@@ -185,19 +185,42 @@ class ArrangementBackfill:
 
     def on_snapshot_rows(self, read: SnapshotRead, rows: Sequence[Row]) -> list[Row]:
         """Account for rows read by ``read`` (pk order); returns the rows to write now."""
-        if len(rows) > read.limit:
-            raise ValueError("a snapshot read returned more rows than asked for")
-        if rows:
+        self.on_read_summary(read, len(rows), self.pk_of(rows[-1]) if rows else None)
+        return list(rows)
+
+    def on_read_summary(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
+        """Account for a read whose rows were handled elsewhere (a Spark task wrote them).
+
+        ``count`` rows were read after ``read.after``, the last of them at ``last_pos``.
+        """
+        check_summary(read, count, last_pos)
+        if read.vnode not in self.progress or read.vnode in self.exhausted:
+            raise ValueError(f"vnode {read.vnode} has nothing to read in this epoch")
+        if last_pos is not None:
             p = self.progress[read.vnode]
             self.progress[read.vnode] = VnodeProgress(
-                VnodeState.IN_PROGRESS, self.pk_of(rows[-1]), p.row_count + len(rows)
+                VnodeState.IN_PROGRESS, last_pos, p.row_count + count
             )
-            self.epoch_rows += len(rows)
+            self.epoch_rows += count
             if self.budget is not None:
-                self.budget -= len(rows)
-        if len(rows) < read.limit:
+                self.budget -= count
+        if count < read.limit:
             self.exhausted.add(read.vnode)
-        return list(rows)
+
+    def next_spread_read(self, max_rows: int) -> list[SnapshotRead]:
+        """One read per vnode still to read this epoch, sharing ``max_rows`` (and the budget).
+
+        The seed merges one stream per vnode, so reads of different vnodes are
+        independent and may run in parallel (the Spark path runs them as one job);
+        each is accounted with ``on_read_summary``. Empty when there is nothing to do.
+        """
+        first = self.next_read(max_rows)
+        if first is None:
+            return []
+        pending = [v for v in self.vnodes if v not in self.exhausted]
+        return spread_reads(
+            pending, first.limit, self.snapshot_epoch, lambda v: self.progress[v].current_pos
+        )
 
     def next_batch_read(self, max_rows: int) -> SnapshotBatchRead | None:
         """All vnodes still to read this epoch, in order, under one row limit."""
@@ -233,12 +256,4 @@ class ArrangementBackfill:
     # progress -------------------------------------------------------------
 
     def progress_rows(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "vnode": v,
-                "state": p.state.value,
-                "current_pos": p.current_pos,
-                "row_count": p.row_count,
-            }
-            for v, p in sorted(self.progress.items())
-        ]
+        return vnode_progress_rows(self.progress)

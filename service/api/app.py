@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from service import migrate
-from service.api import health, jobs, metrics, tables, workers
+from service.api import dashboard, events, health, jobs, metrics, tables, workers
 from service.api.errors import install_error_handlers
 from service.context import ServiceContext
 from service.db import Database
+from service.meta import metrics as meta_metrics
 from service.meta.loop import MetaLoop
 from service.meta.spawner import EmbeddedWorkerSpawner
 from service.settings import Settings, load_settings
@@ -62,9 +65,29 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.middleware("http")(_measure)
     app.include_router(health.router)
     app.include_router(tables.router)
     app.include_router(jobs.router)
+    app.include_router(events.router)
     app.include_router(workers.router)
     app.include_router(metrics.router)
+    app.include_router(dashboard.router)
     return app
+
+
+async def _measure(request: Request, call_next: Any) -> Any:
+    """Count and time requests per route template (never per raw path: ids would
+    make every job its own time series)."""
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await call_next(request)
+        status = response.status_code
+        return response
+    finally:
+        route = request.scope.get("route")
+        template = getattr(route, "path", "unmatched")
+        method = request.method
+        meta_metrics.HTTP_REQUESTS.labels(template, method, str(status)).inc()
+        meta_metrics.HTTP_LATENCY.labels(template, method).observe(time.perf_counter() - started)

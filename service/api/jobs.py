@@ -6,10 +6,11 @@ import datetime as dt
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.conditional import NOT_MODIFIED, conditional
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.catalog import jobs
@@ -87,9 +88,11 @@ class Progress(BaseModel):
     id: int
     state: str
     phase: Literal["backfilling", "forwarding", "done"]
-    rows: int
+    rows: int = Field(description="rows consumed as of the committed epoch; never goes back")
     total_estimate: int
-    percent: float
+    percent: float = Field(description="at most 99.99 until the job is created, then 100")
+    rows_per_s: float = Field(description="over the last window of at least 5 s of epoch time")
+    eta_s: float | None = Field(description="seconds left at the current rate (null: unknown)")
     committed_epoch: int
     vnodes: list[VnodeRow]
 
@@ -143,46 +146,56 @@ def create_job(body: JobCreate, ctx: Ctx) -> Any:
     return JSONResponse(status_code=status, content=_view(ctx, job).model_dump(mode="json"))
 
 
-@router.get("", response_model=JobList)
+@router.get("", response_model=JobList, responses=NOT_MODIFIED)
 def list_jobs(
     ctx: Ctx,
+    request: Request,
     state: Annotated[Literal["creating", "created", "failed", "cancelled"] | None, Query()] = None,
-    after: Annotated[int | None, Query(ge=0)] = None,
+    after: Annotated[int | None, Query(ge=0, description="the `next` of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
-) -> JobList:
-    page = jobs.list_jobs(ctx.db, state, after, limit + 1)
+    order: Annotated[
+        Literal["asc", "desc"], Query(description="by creation time: oldest or newest first")
+    ] = "asc",
+) -> Response:
+    page = jobs.list_jobs(ctx.db, state, after, limit + 1, newest_first=order == "desc")
     more = len(page) > limit
     page = page[:limit]
-    return JobList(jobs=[_view(ctx, j) for j in page], next=page[-1].id if more else None)
+    body = JobList(jobs=[_view(ctx, j) for j in page], next=page[-1].id if more else None)
+    return conditional(request, body)
 
 
-@router.get("/{job_id}", response_model=JobView)
-def get_job(job_id: int, ctx: Ctx) -> JobView:
-    return _view(ctx, jobs.get_job(ctx.db, job_id))
+@router.get("/{job_id}", response_model=JobView, responses=NOT_MODIFIED)
+def get_job(job_id: int, ctx: Ctx, request: Request) -> Response:
+    return conditional(request, _view(ctx, jobs.get_job(ctx.db, job_id)))
 
 
-@router.get("/{job_id}/progress", response_model=Progress)
-def progress(job_id: int, ctx: Ctx) -> Progress:
-    job = jobs.get_job(ctx.db, job_id)
-    rows = jobs.vnode_progress(ctx.db, job_id)
-    consumed = sum(r.row_count for r in rows)
-    total = max(jobs.upstream_estimate(ctx.db, job), consumed)
+@router.get("/{job_id}/progress", response_model=Progress, responses=NOT_MODIFIED)
+def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
+    snap = jobs.progress_snapshot(ctx.db, job_id)
+    job, rows, kept = snap.job, snap.vnodes, snap.kept
+    consumed = max(kept.consumed_rows if kept else 0, sum(r.row_count for r in rows))
+    total = max(snap.upstream_estimate, consumed)
     done = job.state == "created"
     forwarding = rows and all(r.state == "completed" for r in rows)
     percent = 100.0 if done else min(99.99, round(100 * consumed / total, 2) if total else 0.0)
-    return Progress(
+    rate = 0.0 if done or kept is None else round(kept.rows_per_s, 1)
+    eta = None if done or rate <= 0 else round(max(0, total - consumed) / rate, 1)
+    body = Progress(
         id=job.id,
         state=job.state,
         phase="done" if done else ("forwarding" if forwarding else "backfilling"),
         rows=consumed,
         total_estimate=total,
         percent=percent,
-        committed_epoch=jobs.committed_epoch_of(ctx.db, job),
+        rows_per_s=rate,
+        eta_s=0.0 if done else eta,
+        committed_epoch=snap.committed_epoch,
         vnodes=[
             VnodeRow(vnode=r.vnode, state=r.state, position=r.current_pos, rows=r.row_count)
             for r in rows
         ],
     )
+    return conditional(request, body)
 
 
 @router.post("/{job_id}/pause", response_model=JobView)

@@ -18,7 +18,16 @@ from backfill_core.schema import (
     value_to_json,
 )
 from backfill_core.view import View
-from service.catalog.models import Actor, EpochPin, Graph, Job, Relation, VnodeProgress
+from service.catalog import events
+from service.catalog.models import (
+    Actor,
+    EpochPin,
+    Graph,
+    Job,
+    JobProgress,
+    Relation,
+    VnodeProgress,
+)
 from service.catalog.tables import _get as get_relation
 from service.catalog.tables import readable_epoch, storage_of
 from service.db import Database, raw_cursor
@@ -28,8 +37,8 @@ from service.meta.epochs import MAIN_GRAPH_ID
 from service.meta.recovery import request_recovery
 from service.meta.scheduler import place_job_actors
 
-AVAILABLE_KINDS = ("arrangement",)
-PLANNED_KINDS = ("chain", "snapshot", "source")
+AVAILABLE_KINDS = ("arrangement", "chain")
+PLANNED_KINDS = ("snapshot", "source")
 MAX_PARALLELISM = 256
 
 
@@ -49,7 +58,8 @@ def resolve_kind(kind: str) -> str:
         return "arrangement"  # until the snapshot backfill exists
     if kind in PLANNED_KINDS:
         raise Invalid(
-            f"backfill kind {kind!r} is not available yet; use 'arrangement'", {"field": "backfill"}
+            f"backfill kind {kind!r} is not available yet; use 'arrangement' or 'chain'",
+            {"field": "backfill"},
         )
     if kind not in AVAILABLE_KINDS:
         raise Invalid(f"unknown backfill kind {kind!r}", {"field": "backfill"})
@@ -108,13 +118,30 @@ def create_job(db: Database, spec: JobSpec) -> Job:
         )
         s.add(job)
         s.flush()
+        if kind == "chain":
+            # a chain reads one fixed snapshot (and then its change logs) for the whole
+            # backfill: garbage collection must keep them until the job is created
+            committed = s.execute(
+                select(Graph.committed_epoch).where(Graph.id == MAIN_GRAPH_ID)
+            ).scalar_one()
+            s.add(EpochPin(relation_id=upstream.id, holder=f"job:{job.id}", epoch=committed))
         place_job_actors(s, job, up_schema.vnode_count)
+        events.record(s, "job_created", job.id, name=job.name, backfill=kind)
         return job
 
 
 def _job(s: Session, job_id: int, *, lock: bool = False) -> Job:
     q = select(Job).where(Job.id == job_id)
     if lock:
+        # The barrier commit locks the graph, then touches its jobs (finishing them,
+        # recording events): take the locks in the same order, or the two deadlock.
+        graph_id = s.execute(select(Job.graph_id).where(Job.id == job_id)).scalar_one_or_none()
+        if graph_id is not None:
+            s.execute(
+                select(Graph.id)
+                .where(Graph.id == graph_id)
+                .with_for_update(read=True, key_share=True)
+            )
         q = q.with_for_update()
     job = s.execute(q).scalar_one_or_none()
     if job is None:
@@ -127,13 +154,16 @@ def get_job(db: Database, job_id: int) -> Job:
         return _job(s, job_id)
 
 
-def list_jobs(db: Database, state: str | None, after_id: int | None, limit: int) -> list[Job]:
+def list_jobs(
+    db: Database, state: str | None, after_id: int | None, limit: int, *, newest_first: bool = False
+) -> list[Job]:
+    """A page of jobs in creation order (ids grow with creation: a stable cursor)."""
     with db.transaction() as s:
-        q = select(Job).order_by(Job.id).limit(limit)
+        q = select(Job).order_by(Job.id.desc() if newest_first else Job.id).limit(limit)
         if state:
             q = q.where(Job.state == state)
-        if after_id:
-            q = q.where(Job.id > after_id)
+        if after_id is not None:
+            q = q.where(Job.id < after_id if newest_first else Job.id > after_id)
         return list(s.execute(q).scalars())
 
 
@@ -153,6 +183,7 @@ def set_paused(db: Database, job_id: int, paused: bool) -> Job:
             job.paused = paused
             assert job.graph_id is not None
             enqueue_mutation(s, job.graph_id, {"pause": True} if paused else {"resume": True})
+            events.record(s, "paused" if paused else "resumed", job.id)
         return job
 
 
@@ -170,6 +201,7 @@ def update_job(
                 select(Actor.id).where(Actor.job_id == job.id, Actor.last_epoch.is_(None))
             ).scalars()
             enqueue_mutation(s, job.graph_id, {"throttle": {str(a): rate_limit for a in actors}})
+            events.record(s, "throttled", job.id, rate_limit=rate_limit)
         if parallelism is not None and parallelism != job.parallelism:
             up = s.get(Relation, job.upstream_relation_id)
             assert up is not None
@@ -185,6 +217,7 @@ def update_job(
             job.parallelism = parallelism
             place_job_actors(s, job, vnode_count, at_recovery=True)
             request_recovery(s, job.graph_id, "rescale")
+            events.record(s, "rescaled", job.id, parallelism=parallelism)
         return job
 
 
@@ -202,6 +235,8 @@ def drop_job(db: Database, job_id: int) -> None:
             if readers:
                 raise Conflict(f"job(s) {', '.join(readers)} read this view", {"jobs": readers})
         s.execute(delete(EpochPin).where(EpochPin.holder == f"job:{job.id}"))
+        s.execute(delete(JobProgress).where(JobProgress.job_id == job.id))
+        events.record(s, "cancelled" if job.state == "creating" else "dropped", job.id)
         s.delete(job)
         s.flush()
         if mv is not None:
@@ -209,21 +244,42 @@ def drop_job(db: Database, job_id: int) -> None:
             s.delete(mv)
 
 
-def vnode_progress(db: Database, job_id: int) -> list[VnodeProgress]:
+def graph_of(db: Database, job: Job) -> Graph:
     with db.transaction() as s:
-        _job(s, job_id)
-        return list(
+        return s.execute(select(Graph).where(Graph.id == job.graph_id)).scalar_one()
+
+
+@dataclass(frozen=True)
+class ProgressSnapshot:
+    """Everything a progress read needs, read in one transaction (dashboards poll it)."""
+
+    job: Job
+    vnodes: list[VnodeProgress]
+    kept: JobProgress | None
+    upstream_estimate: int
+    committed_epoch: int
+
+
+def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
+    with db.transaction() as s:
+        job = _job(s, job_id)
+        vnodes = list(
             s.execute(
                 select(VnodeProgress)
                 .where(VnodeProgress.job_id == job_id)
                 .order_by(VnodeProgress.vnode)
             ).scalars()
         )
-
-
-def graph_of(db: Database, job: Job) -> Graph:
-    with db.transaction() as s:
-        return s.execute(select(Graph).where(Graph.id == job.graph_id)).scalar_one()
+        committed = s.execute(
+            select(Graph.committed_epoch).where(Graph.id == job.graph_id)
+        ).scalar_one_or_none()
+        return ProgressSnapshot(
+            job=job,
+            vnodes=vnodes,
+            kept=s.get(JobProgress, job_id),
+            upstream_estimate=_estimate(s, job),
+            committed_epoch=int(committed or 0),
+        )
 
 
 def committed_epoch_of(db: Database, job: Job) -> int:
@@ -236,16 +292,20 @@ def committed_epoch_of(db: Database, job: Job) -> int:
 def upstream_estimate(db: Database, job: Job) -> int:
     """Versions in the upstream table (the planner's estimate: cheap, approximate)."""
     with db.transaction() as s:
-        up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
-        if up is None:
-            return 0
-        cur = raw_cursor(s)
-        cur.execute(
-            "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
-            [f'store."{up.storage_table}"'],
-        )
-        row = cur.fetchone()
-        return max(0, int(row[0])) if row and row[0] is not None else 0
+        return _estimate(s, job)
+
+
+def _estimate(s: Session, job: Job) -> int:
+    up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
+    if up is None:
+        return 0
+    cur = raw_cursor(s)
+    cur.execute(
+        "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+        [f'store."{up.storage_table}"'],
+    )
+    row = cur.fetchone()
+    return max(0, int(row[0])) if row and row[0] is not None else 0
 
 
 def _hashable(row: Sequence[Any]) -> tuple[Any, ...]:

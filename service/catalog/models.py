@@ -9,7 +9,9 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     DateTime,
+    Float,
     ForeignKey,
+    Identity,
     Index,
     Integer,
     MetaData,
@@ -210,3 +212,26 @@ class PendingMutation(Base):
     graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id", ondelete="CASCADE"))
     mutation: Mapped[dict[str, Any]]
     created_at: Mapped[dt.datetime] = _now()
+
+
+class Event(Base):
+    """Something that happened to a job; ids only grow, so they are stream positions."""
+
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    job_id: Mapped[int | None] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
+    created_at: Mapped[dt.datetime] = _now()
+
+
+class JobProgress(Base):
+    """Progress as of the committed epoch, maintained by the commit; never goes back."""
+
+    __tablename__ = "job_progress"
+    job_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    consumed_rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    window_rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    window_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    rows_per_s: Mapped[float] = mapped_column(Float, default=0.0)

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import and_, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
 from service.meta import metrics
 from service.meta.epochs import next_epoch
@@ -130,6 +131,33 @@ _PERSIST_VNODES = text(
     """
 )
 
+# Consumed rows never go back (a chain job restarts from zero after a recovery), and
+# rows/s is measured over windows of at least RATE_WINDOW_MS of epoch time, so both
+# follow committed epochs only. Epochs carry milliseconds in their high bits (>> 16).
+RATE_WINDOW_MS = 5_000
+_JOB_PROGRESS = text(
+    """
+    INSERT INTO job_progress AS j (job_id, consumed_rows, window_rows, window_epoch, rows_per_s)
+    SELECT v.job_id, sum(v.row_count), sum(v.row_count), :prev, 0
+    FROM vnode_progress v JOIN jobs x ON x.id = v.job_id
+    WHERE x.graph_id = :g AND x.state = 'creating'
+    GROUP BY v.job_id
+    ON CONFLICT (job_id) DO UPDATE SET
+      consumed_rows = greatest(j.consumed_rows, EXCLUDED.consumed_rows),
+      rows_per_s = CASE
+        WHEN ((:prev >> 16) - (j.window_epoch >> 16)) >= :window
+          THEN greatest(0, greatest(j.consumed_rows, EXCLUDED.consumed_rows) - j.window_rows)
+               * 1000.0 / ((:prev >> 16) - (j.window_epoch >> 16))
+        ELSE j.rows_per_s END,
+      window_rows = CASE
+        WHEN ((:prev >> 16) - (j.window_epoch >> 16)) >= :window
+          THEN greatest(j.consumed_rows, EXCLUDED.consumed_rows) ELSE j.window_rows END,
+      window_epoch = CASE
+        WHEN ((:prev >> 16) - (j.window_epoch >> 16)) >= :window
+          THEN :prev ELSE j.window_epoch END
+    """
+)
+
 _PERSIST_SPLITS = text(
     """
     INSERT INTO split_progress (job_id, split, state, "offset", target_offset, num_consumed_rows, epoch)
@@ -160,6 +188,15 @@ _FINISH_JOBS = text(
       AND EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL)
       AND NOT EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL
                       AND a.state <> 'finished')
+    RETURNING j.id
+    """
+)
+
+# backfill pins (a chain's fixed snapshot) end when the job is created
+_UNPIN_CREATED = text(
+    """
+    DELETE FROM epoch_pins p USING jobs j
+    WHERE p.holder = 'job:' || j.id AND j.graph_id = :g AND j.state = 'created'
     """
 )
 
@@ -201,8 +238,11 @@ def try_complete(session: Session, graph: Graph) -> int | None:
         graph.committed_epoch = max(graph.committed_epoch, prev)
         session.execute(_PERSIST_VNODES, params)
         session.execute(_PERSIST_SPLITS, params)
+        session.execute(_JOB_PROGRESS, {**params, "window": RATE_WINDOW_MS})
         session.execute(_FINISH_ACTORS, params)
-        session.execute(_FINISH_JOBS, params)
+        finished = [(jid, {"epoch": prev}) for (jid,) in session.execute(_FINISH_JOBS, params)]
+        events.record_many(session, "created", finished)
+        session.execute(_UNPIN_CREATED, {"g": graph.id})
         for (latency,) in session.execute(_MARK_COMMITTED, params).all():
             metrics.BARRIER_LATENCY.labels(str(graph.id)).observe(max(0.0, float(latency)))
         committed = prev

@@ -29,3 +29,16 @@ BARRIERS_INJECTED = Counter(
     "backfill_barriers_injected_total", "Barriers injected", ["graph", "kind"], registry=REGISTRY
 )
 IS_LEADER = Gauge("backfill_is_leader", "1 while this process injects barriers", registry=REGISTRY)
+HTTP_REQUESTS = Counter(
+    "backfill_http_requests_total",
+    "HTTP requests by route template, method and status",
+    ["route", "method", "status"],
+    registry=REGISTRY,
+)
+HTTP_LATENCY = Histogram(
+    "backfill_http_request_seconds",
+    "HTTP request handling time (to the response's start) by route template",
+    ["route", "method"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10),
+    registry=REGISTRY,
+)

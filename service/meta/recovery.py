@@ -17,7 +17,8 @@ import logging
 from sqlalchemy import delete, or_, select, update
 from sqlalchemy.orm import Session
 
-from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, Relation, Worker
+from service.catalog import events
+from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, Job, Relation, Worker
 from service.catalog.tables import storage_of
 from service.db import raw_cursor
 from service.meta import metrics
@@ -143,6 +144,14 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
     graph.recovery_reason = None
     session.flush()
     metrics.RECOVERIES.labels(str(graph_id), reason).inc()
+    jobs = session.execute(
+        select(Job.id).where(Job.graph_id == graph_id, Job.state.in_(("creating", "created")))
+    ).scalars()
+    events.record_many(
+        session,
+        "recovered",
+        [(j, {"reason": reason, "recovery_seq": graph.recovery_seq}) for j in jobs],
+    )
     log.warning("graph %s recovered from epoch %s (%s)", graph_id, committed, reason)
     from service.meta.barriers import try_complete
 

@@ -116,6 +116,7 @@ def _job_spec(s: Session, job: Job) -> dict[str, Any]:
         "id": job.id,
         "name": job.name,
         "kind": job.kind,
+        "state": job.state,
         "upstream_table": up.storage_table if up else None,
         "upstream_schema": up.schema if up else None,
         "mv_table": mv.storage_table if mv else None,

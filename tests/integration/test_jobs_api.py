@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from sqlalchemy import text
 from service.db import Database
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_tables_api import ORDERS, create
+from tests.kit.e2e import wait_for
 
 GOOD = {
     "name": "mv",
@@ -33,7 +35,7 @@ def _counts(db: Database) -> tuple[int, int, int]:
     ("patch", "status", "field"),
     [
         ({"backfill": "snapshot"}, 422, "backfill"),
-        ({"backfill": "chain"}, 422, "backfill"),
+        ({"backfill": "source"}, 422, "backfill"),
         ({"backfill": "magic"}, 422, None),
         ({"columns": ["amount"]}, 422, "columns"),
         ({"columns": ["id", "nope"]}, 422, "columns[1]"),
@@ -118,3 +120,45 @@ def test_bad_patches_and_verify_epochs(client: TestClient) -> None:
     far = committed + (3_600_000 << 16)
     assert_error(client.get(f"/v1/jobs/{job}/verify", params={"epoch": far}), 409, "conflict")
     assert_error(client.get(f"/v1/jobs/{job}/verify", params={"epoch": 0}), 422, "validation_error")
+
+
+@pytest.mark.parametrize("call", ["pause", "rate", "drop"])
+def test_api_calls_and_the_barrier_commit_never_deadlock(
+    client: TestClient, db: Database, call: str
+) -> None:
+    """The commit holds the graph and then touches a job (finishing it); an API call on
+    that job meanwhile must queue behind the graph, not take the job first."""
+    create(client, ORDERS)
+    job_id = client.post("/v1/jobs", json=GOOD).json()["id"]
+    graph_id = _scalar(db, "SELECT graph_id FROM jobs WHERE id = :j", j=job_id)
+    with db.engine.connect() as commit:
+        commit.execute(text("SELECT 1 FROM graphs WHERE id = :g FOR UPDATE"), {"g": graph_id})
+        results: list[int] = []
+        requests = {
+            "pause": lambda: client.post(f"/v1/jobs/{job_id}/pause"),
+            "rate": lambda: client.patch(f"/v1/jobs/{job_id}", json={"rate_limit": 5}),
+            "drop": lambda: client.delete(f"/v1/jobs/{job_id}"),
+        }
+        thread = threading.Thread(target=lambda: results.append(requests[call]().status_code))
+        thread.start()
+        # the API call waits on a lock (the barrier loop's own wait is the FOR UPDATE one)
+        wait_for(
+            lambda: _scalar(
+                db,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND datname = current_database() AND query NOT LIKE '%FOR UPDATE%'",
+            ),
+            timeout=30,
+            what="the API call waiting on a lock",
+        )
+        # the commit goes on to the job row, as finishing it does
+        commit.execute(text("UPDATE jobs SET updated_at = now() WHERE id = :j"), {"j": job_id})
+        commit.commit()
+        thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert results == [204 if call == "drop" else 200]
+
+
+def _scalar(db: Database, sql: str, **params: Any) -> Any:
+    with db.engine.connect() as conn:
+        return conn.execute(text(sql), params).scalar_one()

@@ -67,6 +67,23 @@ class ArrangementReference:
             return row
         return None
 
+    def read_one_from(self, vnode: int, snapshot: dict[int, list[Row]]) -> Row | None:
+        """Consume the next snapshot row of one vnode (the seed merges per-vnode streams)."""
+        if self.finished or not self.started or vnode in self.ended:
+            return None
+        if self.budget is not None and self.budget <= 0:
+            return None
+        p = self.progress[vnode]
+        rest = [r for r in snapshot.get(vnode, []) if p.pos is None or (r[0],) > p.pos]
+        if not rest:
+            self.ended.add(vnode)
+            return None
+        row = rest[0]
+        self.progress[vnode] = Progress("in_progress", (row[0],), p.rows + 1)
+        if self.budget is not None:
+            self.budget -= 1
+        return row
+
     def barrier(
         self, elapsed_ms: int, mutation: dict[str, Any] | None, actor_id: int
     ) -> list[tuple[str, Row | None, Row | None]]:

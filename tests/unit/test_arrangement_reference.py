@@ -18,64 +18,23 @@ from backfill_core.changes import Op, Version
 from backfill_core.epoch import EpochPair
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeState
 from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
-from tests.kit.store_model import StoreModel
+from tests.kit.executors import (
+    ACTOR,
+    VNODES,
+    epoch,
+    epoch_histories,
+    in_vnodes,
+    key_of,
+    new_store,
+    vnode_of,
+)
 from tests.models.arrangement_reference import ArrangementReference
-
-VNODES = 4
-ACTOR = 7
-SPACING_MS = 100
-
-
-def key_of(r: tuple[Any, ...]) -> tuple[Any, ...]:
-    return (r[0],)
-
-
-def vnode_of(r: tuple[Any, ...]) -> int:
-    return int(r[0]) % VNODES
-
-
-def epoch(i: int) -> int:
-    return (i + 1) * SPACING_MS << 16
-
-
-def new_store() -> StoreModel:
-    return StoreModel(key_of, vnode_of)
-
-
-def in_vnodes(
-    rows: list[tuple[int, Any]], vnodes: set[int], upto: dict[int, Any] | None = None
-) -> list[Any]:
-    return [
-        (v, r)
-        for v, r in rows
-        if v in vnodes and (upto is None or (upto.get(v) is not None and key_of(r) <= upto[v]))
-    ]
-
-
-mutations = st.one_of(
-    st.none(),
-    st.just({"pause": True}),
-    st.just({"resume": True}),
-    st.builds(lambda r: {"throttle": {str(ACTOR): r}}, st.one_of(st.none(), st.integers(0, 60))),
-)
-epochs = st.lists(
-    st.tuples(
-        st.lists(
-            st.tuples(st.integers(0, 15), st.integers(0, 9), st.booleans()), max_size=6
-        ),  # ops
-        st.one_of(st.just(1_000), st.integers(0, 8)),  # snapshot rows that fit before the barrier
-        mutations,
-        st.integers(1, 4),  # read chunk size
-    ),
-    min_size=2,
-    max_size=14,
-)
 
 
 @settings(max_examples=300, deadline=None)
 @given(
     initial=st.dictionaries(st.integers(0, 15), st.integers(0, 9), max_size=16),
-    history=epochs,
+    history=epoch_histories,
     owned=st.sets(st.integers(0, VNODES - 1), min_size=1),
     rate_limit=st.one_of(st.none(), st.integers(0, 50)),
 )
@@ -93,7 +52,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
     model.barrier(first.elapsed_ms, None, ACTOR)
     finished_at: int | None = None
 
-    for i, (ops, allowance, mutation, chunk) in enumerate(history, start=1):
+    for i, (ops, allowance, mutation, chunk, spread) in enumerate(history, start=1):
         e = epoch(i)
         # upstream DML of epoch e, row at a time for the model, versions for the store
         versions = []
@@ -111,23 +70,42 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
 
         # snapshot reads of the open epoch, at the last closed epoch
         snap_rows = upstream.snapshot(impl.snapshot_epoch)
-        left = allowance
-        while left > 0 and (read := impl.next_read(min(chunk, left))) is not None:
-            rows = [
+
+        def rows_of(read: Any, snap_rows: Any = snap_rows) -> list[Any]:
+            return [
                 r
                 for v, r in snap_rows
                 if v == read.vnode and (read.after is None or key_of(r) > read.after)
-            ]
-            rows = rows[: read.limit]
-            impl_mv.write(impl.open_epoch, [Version(r) for r in impl.on_snapshot_rows(read, rows)])
-            left -= len(rows)
+            ][: read.limit]
+
         by_vnode: dict[int, list[Any]] = {}
         for v, r in snap_rows:
             by_vnode.setdefault(v, []).append(r)
         left = allowance
-        while left > 0 and (row := model.read_one(by_vnode)) is not None:
-            model_mv.write(e, [Version(row)])
-            left -= 1
+        if spread:
+            # the driver's plan (which vnode, how many rows) is replayed into the model,
+            # which finds the rows, positions and ends itself
+            while left > 0 and (reads := impl.next_spread_read(min(chunk * 3, left))):
+                for read in reads:
+                    rows = rows_of(read)
+                    impl.on_read_summary(read, len(rows), key_of(rows[-1]) if rows else None)
+                    impl_mv.write(impl.open_epoch, [Version(r) for r in rows])
+                    left -= len(rows)
+                    for _ in range(read.limit):
+                        if (row := model.read_one_from(read.vnode, by_vnode)) is None:
+                            break
+                        model_mv.write(e, [Version(row)])
+        else:
+            while left > 0 and (read := impl.next_read(min(chunk, left))) is not None:
+                rows = rows_of(read)
+                impl_mv.write(
+                    impl.open_epoch, [Version(r) for r in impl.on_snapshot_rows(read, rows)]
+                )
+                left -= len(rows)
+            left = allowance
+            while left > 0 and (row := model.read_one(by_vnode)) is not None:
+                model_mv.write(e, [Version(row)])
+                left -= 1
 
         # the barrier closing e
         barrier = Barrier(

@@ -1,0 +1,164 @@
+"""MV creation: a whole arrangement backfill of N rows (2M; 200k with ``--quick``)
+through the real control plane and a real worker (Spark data path), against
+``INSERT INTO ... SELECT`` of the same rows into a plain table with the same primary
+key, in the same run on the same server. Then the same backfill with barrier
+intervals of 200 ms and 1000 ms: the time to create should hardly depend on it.
+
+The worker's SparkSession is started before the clock runs (a worker is long-lived);
+the job is created through the API and timed until it reads ``created``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+import psycopg2
+
+from backfill_core.changes import Version
+from backfill_core.schema import Column, ColumnType, TableSchema
+from bench._pg import fresh_database
+from service.catalog.tables import create_table, storage_of
+from service.db import Database
+from service.embedded_pg import to_libpq_url
+from service.settings import Settings
+from spark_workers.runtime import Worker
+from tests.kit.live import live_server
+
+SCHEMA = TableSchema.build(
+    [
+        Column("id", ColumnType.BIGINT, False),
+        Column("amount", ColumnType.INT),
+        Column("note", ColumnType.TEXT),
+    ],
+    ["id"],
+)
+LOAD_EPOCH = 1 << 16  # below any epoch the barrier loop will commit
+
+
+def _rows(lo: int, hi: int) -> list[tuple[Any, ...]]:
+    return [(i, i * 7 % 1000, f"order-{i:09d}") for i in range(lo, hi)]
+
+
+def _load(db: Database, conn: Any, n: int) -> None:
+    rel = create_table(db, "orders", SCHEMA)
+    store = storage_of(rel)
+    with conn.cursor() as cur:
+        cur.execute("CREATE TABLE public.plain_src (id bigint PRIMARY KEY, amount int, note text)")
+        cur.execute("CREATE TABLE public.plain_dst (id bigint PRIMARY KEY, amount int, note text)")
+        for lo in range(0, n, 200_000):
+            rows = _rows(lo, min(n, lo + 200_000))
+            store.write(cur, LOAD_EPOCH, [Version(r) for r in rows])
+            cur.copy_from(_Lines(f"{a}\t{b}\t{c}\n" for a, b, c in rows), "plain_src", columns=None)
+        conn.commit()
+    conn.autocommit = True
+    with conn.cursor() as cur:
+        cur.execute("VACUUM ANALYZE public.plain_src")
+        cur.execute(f'VACUUM ANALYZE store."{rel.storage_table}"')
+    conn.autocommit = False
+
+
+class _Lines:
+    """A file-like object over an iterator of COPY lines."""
+
+    def __init__(self, lines: Any) -> None:
+        self.data = "".join(lines)
+        self.pos = 0
+
+    def read(self, size: int = -1) -> str:
+        if size < 0:
+            size = len(self.data) - self.pos
+        out = self.data[self.pos : self.pos + size]
+        self.pos += len(out)
+        return out
+
+    readline = read
+
+
+def _insert_select(conn: Any) -> float:
+    with conn.cursor() as cur:
+        t0 = time.perf_counter()
+        cur.execute("INSERT INTO public.plain_dst SELECT id, amount, note FROM public.plain_src")
+        conn.commit()
+        return time.perf_counter() - t0
+
+
+def _create_mv(db: Database, url: str, interval_ms: int, name: str, n: int) -> float:
+    settings = Settings(
+        database_url=url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False
+    )
+    with live_server(settings, db) as base:
+        worker = Worker(base, f"bench-{interval_ms}", settings=Settings())
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            with httpx.Client(base_url=base, timeout=120) as http:
+                deadline = time.monotonic() + 120
+                while worker.spark is None:
+                    assert time.monotonic() < deadline, "the worker did not register"
+                    time.sleep(0.05)
+                worker.spark.warm_up()  # a worker is long-lived
+                t0 = time.perf_counter()
+                r = http.post(
+                    "/v1/jobs",
+                    json={
+                        "name": name,
+                        "upstream": {"table": "orders"},
+                        "columns": ["id", "amount", "note"],
+                        "backfill": "arrangement",
+                        "parallelism": 4,
+                    },
+                )
+                assert r.status_code == 202, r.text
+                job = r.json()["id"]
+                deadline = time.monotonic() + 1800
+                while (state := http.get(f"/v1/jobs/{job}").json()["state"]) != "created":
+                    assert state == "creating", f"job {state}"
+                    assert time.monotonic() < deadline, "the backfill did not finish"
+                    time.sleep(0.05)
+                elapsed = time.perf_counter() - t0
+                rows = http.get(f"/v1/jobs/{job}/progress").json()["rows"]
+                assert rows == n, f"the backfill read {rows} rows, not {n}"
+                assert worker.spark.jobs > 0, "the Spark path was not used"
+        finally:
+            worker.stop_event.set()
+            thread.join(timeout=60)
+    return elapsed
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    n = 200_000 if quick else 2_000_000
+    with fresh_database() as (url, db):
+        conn = psycopg2.connect(to_libpq_url(url))
+        try:
+            _load(db, conn, n)
+            baseline = _insert_select(conn)
+            t1000 = _create_mv(db, url, 1000, "mv_1000", n)
+            t200 = _create_mv(db, url, 200, "mv_200", n)
+        finally:
+            conn.close()
+    note = f"{n:,} rows, 4 actors, one worker (Spark local[*]); baseline INSERT INTO ... SELECT"
+    return [
+        {
+            "name": "MV creation vs INSERT ... SELECT",
+            "value": round(t1000, 2),
+            "baseline": round(baseline, 2),
+            "ratio": round(t1000 / baseline, 2),
+            "target": "<= 1.5",
+            "unit": "s",
+            "passed": t1000 / baseline <= 1.5,
+            "note": note + ", barrier interval 1000 ms",
+        },
+        {
+            "name": "MV creation, barrier interval 200 vs 1000 ms",
+            "value": round(t200, 2),
+            "baseline": round(t1000, 2),
+            "ratio": round(max(t200, t1000) / min(t200, t1000), 2),
+            "target": "<= 1.3",
+            "unit": "s",
+            "passed": max(t200, t1000) / min(t200, t1000) <= 1.3,
+            "note": "the larger of the two times over the smaller",
+        },
+    ]

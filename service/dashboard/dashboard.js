@@ -1,0 +1,464 @@
+// The MV backfill dashboard: vanilla JS over the public HTTP API, no build step.
+//   #/            the job list (progress of running jobs polled every second)
+//   #/jobs/{id}   one job: progress, per-vnode heatmap, rows/s sparkline, controls
+// GET /v1/events (Server-Sent Events) triggers refreshes as jobs change.
+"use strict";
+
+const POLL_MS = 1000;
+const RATE_WINDOW_MS = 3000; // rows/s is measured over at least this much time
+const SPARK_POINTS = 60;
+const MAX_EVENTS = 500;
+const EVENT_KINDS = [
+  "job_created", "paused", "resumed", "throttled", "rescaled",
+  "recovered", "created", "cancelled", "dropped",
+];
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  route: { name: "list" },
+  filter: "",
+  pages: [null], // `after` cursors of the pages seen so far; the last is the current page
+  next: null,
+  progress: new Map(), // job id -> last progress (for jobs whose numbers no longer move)
+  samples: [], // [{t, rows}] of the open job, oldest first
+  rates: [], // rows/s history of the open job
+  events: [], // recent events of every job, oldest first
+  rateEdited: false, // the rate-limit input holds the user's edit: polls leave it alone
+  busy: false,
+  again: false,
+};
+
+// ---------------------------------------------------------------- API
+
+class ApiError extends Error {}
+
+// Calls the API (relative to the page, so a path prefix in front of the service works)
+// and turns error bodies ({"error": {code, message, details}}) into an ApiError.
+async function api(method, path, body) {
+  const init = { method, headers: { Accept: "application/json" } };
+  if (body !== undefined) {
+    init.headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (e) {
+    throw new ApiError(`cannot reach the control plane (${method} /${path})`);
+  }
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch (e) {
+    data = null;
+  }
+  if (!response.ok) {
+    const err = data && data.error;
+    const message = err
+      ? `${err.code}: ${err.message}${describeDetails(err.details)}`
+      : `HTTP ${response.status} ${response.statusText}`;
+    throw new ApiError(`${method} /${path} failed: ${message}`);
+  }
+  return data;
+}
+
+function describeDetails(details) {
+  if (!details) return "";
+  if (Array.isArray(details)) {
+    // validation errors: [{loc: ["body", "rate_limit"], msg, type}]
+    const parts = details.map((d) => {
+      if (!d || !d.msg) return JSON.stringify(d);
+      const where = Array.isArray(d.loc) ? d.loc.filter((p) => p !== "body").join(".") : "";
+      return where ? `${where}: ${d.msg}` : d.msg;
+    });
+    return ` (${parts.join("; ")})`;
+  }
+  return ` (${JSON.stringify(details)})`;
+}
+
+function showError(e) {
+  $("error-text").textContent = e instanceof Error ? e.message : String(e);
+  $("error").hidden = false;
+}
+
+function clearError() {
+  $("error").hidden = true;
+  $("error-text").textContent = "";
+}
+
+// ---------------------------------------------------------------- formatting
+
+const fmtInt = (n) => (n === null || n === undefined ? "–" : Math.round(n).toLocaleString("en-US"));
+
+function fmtSeconds(s) {
+  if (s === null || s === undefined) return "unknown";
+  if (s < 60) return `${s.toFixed(1)} s`;
+  const m = Math.floor(s / 60);
+  if (m < 60) return `${m} min ${Math.round(s % 60)} s`;
+  return `${Math.floor(m / 60)} h ${m % 60} min`;
+}
+
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (k === "class") node.className = v;
+    else if (k === "text") node.textContent = v;
+    else node.setAttribute(k, v);
+  }
+  for (const c of children) node.append(c);
+  return node;
+}
+
+function fillDetails(dl, pairs) {
+  dl.replaceChildren();
+  for (const [k, v] of pairs) {
+    if (v === undefined) continue;
+    dl.append(el("dt", { text: k }), el("dd", { text: v === null ? "–" : String(v) }));
+  }
+}
+
+// The service estimates the total from the planner's statistics; until they exist
+// (a table never analyzed) the estimate is just the rows read so far: no real percent.
+const estimated = (progress) => progress.total_estimate > progress.rows;
+
+// ---------------------------------------------------------------- routing
+
+function parseRoute() {
+  const m = location.hash.match(/^#\/jobs\/(\d+)$/);
+  return m ? { name: "job", id: Number(m[1]) } : { name: "list" };
+}
+
+function onRoute() {
+  const route = parseRoute();
+  const changedJob = route.name !== "job" || state.route.id !== route.id;
+  state.route = route;
+  if (changedJob) {
+    state.samples = [];
+    state.rates = [];
+    state.rateEdited = false;
+    drawSparkline();
+  }
+  $("list-view").hidden = route.name !== "list";
+  $("job-view").hidden = route.name !== "job";
+  clearError();
+  if (route.name === "job") renderJobEvents();
+  refresh();
+}
+
+// ---------------------------------------------------------------- refresh loop
+
+// One refresh at a time; a request made while one runs is folded into one more run.
+async function refresh() {
+  if (state.busy) {
+    state.again = true;
+    return;
+  }
+  state.busy = true;
+  try {
+    do {
+      state.again = false;
+      if (state.route.name === "job") await refreshJob(state.route.id);
+      else await refreshList();
+    } while (state.again);
+  } catch (e) {
+    showError(e);
+  } finally {
+    state.busy = false;
+  }
+}
+
+let refreshTimer = null;
+function refreshSoon() {
+  if (refreshTimer === null) {
+    refreshTimer = setTimeout(() => {
+      refreshTimer = null;
+      refresh();
+    }, 150);
+  }
+}
+
+// ---------------------------------------------------------------- the job list
+
+async function refreshList() {
+  const after = state.pages[state.pages.length - 1];
+  const query = new URLSearchParams({ limit: "50" });
+  if (after !== null) query.set("after", String(after));
+  if (state.filter) query.set("state", state.filter);
+  const page = await api("GET", `v1/jobs?${query}`);
+  state.next = page.next;
+  // numbers move while a job is creating; the others are fetched once
+  const progress = await Promise.all(
+    page.jobs.map((job) => {
+      const known = state.progress.get(job.id);
+      if (known && job.state !== "creating" && known.state === job.state) return known;
+      return api("GET", `v1/jobs/${job.id}/progress`).catch(() => null);
+    }),
+  );
+  page.jobs.forEach((job, i) => {
+    if (progress[i]) state.progress.set(job.id, progress[i]);
+  });
+  if (state.route.name === "list") renderList(page.jobs, progress);
+}
+
+function renderList(jobs, progress) {
+  const body = $("jobs-body");
+  body.replaceChildren(
+    ...jobs.map((job, i) => {
+      const p = progress[i];
+      const percent = p ? p.percent : job.state === "created" ? 100 : 0;
+      const bar = el("progress", { max: "100", "aria-label": `Progress of ${job.name}` });
+      const known = !(p && job.state === "creating" && !estimated(p));
+      if (known) bar.value = percent;
+      return el(
+        "tr",
+        { "data-job-id": String(job.id) },
+        el("td", {}, el("a", { href: `#/jobs/${job.id}`, text: job.name })),
+        el("td", { text: job.kind }),
+        el("td", {}, el("span", { class: `badge ${job.state}`, text: job.state })),
+        el("td", { text: job.paused ? "yes" : "no" }),
+        el(
+          "td",
+          {},
+          el("div", { class: "cell-progress" }, bar, el("span", { class: "num", text: known ? `${percent.toFixed(1)}%` : "…" })),
+        ),
+        el("td", { class: "num", text: p ? fmtInt(p.rows) : "–" }),
+      );
+    }),
+  );
+  $("jobs-empty").hidden = jobs.length > 0;
+  $("next-page").hidden = state.next === null;
+  $("first-page").hidden = state.pages.length <= 1;
+}
+
+// ---------------------------------------------------------------- one job
+
+async function refreshJob(id) {
+  const [job, progress] = await Promise.all([
+    api("GET", `v1/jobs/${id}`),
+    api("GET", `v1/jobs/${id}/progress`),
+  ]);
+  if (state.route.name !== "job" || state.route.id !== id) return;
+  state.progress.set(id, progress);
+  sample(progress.rows);
+  renderJob(job, progress);
+}
+
+function sample(rows) {
+  const now = performance.now();
+  const samples = state.samples;
+  samples.push({ t: now, rows });
+  // keep one sample older than the window, so a rate over the whole window exists
+  while (samples.length > 2 && now - samples[1].t >= RATE_WINDOW_MS) samples.shift();
+  const first = samples[0];
+  const dt = (now - first.t) / 1000;
+  if (samples.length < 2 || dt <= 0) return;
+  state.rates.push(Math.max(0, (rows - first.rows) / dt));
+  if (state.rates.length > SPARK_POINTS) state.rates.shift();
+  drawSparkline();
+}
+
+function drawSparkline() {
+  const rates = state.rates;
+  const line = $("sparkline-line");
+  if (rates.length === 0) {
+    line.setAttribute("points", "");
+    $("rate-now").textContent = "–";
+    return;
+  }
+  const top = Math.max(...rates, 1);
+  const step = 300 / (SPARK_POINTS - 1);
+  const offset = SPARK_POINTS - rates.length;
+  const points = rates.map((r, i) => `${((offset + i) * step).toFixed(1)},${(58 - (r / top) * 54).toFixed(1)}`);
+  line.setAttribute("points", points.join(" "));
+  $("rate-now").textContent = fmtInt(rates[rates.length - 1]);
+}
+
+function renderJob(job, progress) {
+  document.title = `${job.name} · MV backfill`;
+  $("job-title").textContent = job.name;
+  const badge = $("job-state");
+  badge.textContent = progress.phase && job.state === "creating" ? `${job.state} · ${progress.phase}` : job.state;
+  badge.className = `badge ${job.state}`;
+  $("job-paused").hidden = !job.paused;
+
+  const bar = $("job-progress");
+  const total = estimated(progress) || job.state !== "creating";
+  if (total) {
+    bar.value = progress.percent;
+    $("job-percent").textContent = `${progress.percent.toFixed(2)}%`;
+  } else {
+    bar.removeAttribute("value"); // indeterminate
+    $("job-percent").textContent = "estimating…";
+  }
+  $("job-rows").textContent =
+    `${fmtInt(progress.rows)} of ${total ? `about ${fmtInt(progress.total_estimate)}` : "an unknown number of"} rows · ` +
+    `committed epoch ${progress.committed_epoch}`;
+
+  const active = job.state === "creating" || job.state === "created";
+  $("pause").disabled = !active || job.paused;
+  $("resume").disabled = !active || !job.paused;
+  $("apply-rate").disabled = !active;
+  const input = $("rate-limit");
+  if (!state.rateEdited && document.activeElement !== input) showRateLimit(job);
+
+  fillDetails($("job-details"), [
+    ["id", job.id],
+    ["kind", job.kind],
+    ["upstream", job.upstream.table],
+    ["view table", job.mv_table],
+    ["parallelism", job.parallelism],
+    ["rate limit", job.rate_limit === null ? "none" : `${fmtInt(job.rate_limit)} rows/s per actor`],
+    ["recoveries", job.recoveries],
+    ["recovering", job.recovering ? `yes (${job.recovery_reason || "no reason given"})` : "no"],
+    ["finished epoch", job.finished_epoch],
+    ["created at", new Date(job.created_at).toLocaleString()],
+    ["error", job.error === null ? undefined : job.error],
+  ]);
+
+  // fields newer services add; shown when present
+  fillDetails($("server-rate"), [
+    ["server rows/s", "rows_per_s" in progress ? fmtInt(progress.rows_per_s) : undefined],
+    ["ETA", "eta_s" in progress ? fmtSeconds(progress.eta_s) : undefined],
+    ["lag", "lag_ms" in progress && progress.lag_ms !== null ? `${fmtInt(progress.lag_ms)} ms` : undefined],
+  ]);
+
+  renderHeatmap(progress.vnodes || []);
+}
+
+function renderHeatmap(vnodes) {
+  const map = $("heatmap");
+  $("heatmap-empty").hidden = vnodes.length > 0;
+  if (map.children.length !== vnodes.length) {
+    map.replaceChildren(...vnodes.map(() => el("div", { class: "cell" })));
+    map.style.gridTemplateColumns = `repeat(${Math.min(32, Math.max(1, vnodes.length))}, 1fr)`;
+  }
+  const most = Math.max(1, ...vnodes.map((v) => v.rows));
+  map.setAttribute(
+    "aria-label",
+    `Per-vnode progress: ${vnodes.filter((v) => v.state === "completed").length} of ${vnodes.length} vnodes completed`,
+  );
+  vnodes.forEach((v, i) => {
+    const cell = map.children[i];
+    cell.className = `cell ${v.state}`;
+    // in-progress cells get darker as they read more rows
+    cell.style.opacity = v.state === "in_progress" ? String(0.35 + 0.65 * (v.rows / most)) : "";
+    cell.title = `vnode ${v.vnode}: ${v.state}, ${fmtInt(v.rows)} rows`;
+  });
+}
+
+function showRateLimit(job) {
+  $("rate-limit").value = job.rate_limit === null ? "" : String(job.rate_limit);
+}
+
+// Calls the API for a button; its answer (the job) or its error shows at once.
+async function act(method, path, body) {
+  clearError();
+  try {
+    const job = await api(method, path, body);
+    refreshSoon();
+    return job;
+  } catch (e) {
+    showError(e);
+    return null;
+  }
+}
+
+function renderJobEvents() {
+  const id = state.route.id;
+  const list = $("job-events");
+  const mine = state.events.filter((e) => e.job_id === id).slice(-50).reverse();
+  list.replaceChildren(
+    ...mine.map((e) => {
+      const extra = Object.entries(e.data)
+        .filter(([k]) => k !== "job_id" && k !== "at")
+        .map(([k, v]) => `${k}=${JSON.stringify(v)}`)
+        .join(" ");
+      return el(
+        "li",
+        {},
+        el("time", { datetime: e.data.at || "", text: e.data.at ? new Date(e.data.at).toLocaleTimeString() : "" }),
+        `${e.kind}${extra ? ` ${extra}` : ""}`,
+      );
+    }),
+  );
+  if (mine.length === 0) list.replaceChildren(el("li", { class: "muted", text: "none yet" }));
+}
+
+// ---------------------------------------------------------------- live events
+
+function connectEvents() {
+  if (!("EventSource" in window)) return;
+  const source = new EventSource("v1/events");
+  const live = $("live");
+  source.onopen = () => {
+    live.textContent = "live";
+    live.classList.add("on");
+  };
+  source.onerror = () => {
+    // the browser reconnects by itself, resuming after the last event id
+    live.textContent = "reconnecting…";
+    live.classList.remove("on");
+  };
+  const onEvent = (ev) => {
+    let data = {};
+    try {
+      data = JSON.parse(ev.data);
+    } catch (e) {
+      return;
+    }
+    state.events.push({ kind: ev.type, job_id: data.job_id, data });
+    if (state.events.length > MAX_EVENTS) state.events.shift();
+    state.progress.delete(data.job_id);
+    if (state.route.name === "job" && state.route.id === data.job_id) renderJobEvents();
+    refreshSoon();
+  };
+  for (const kind of EVENT_KINDS) source.addEventListener(kind, onEvent);
+}
+
+// ---------------------------------------------------------------- wiring
+
+function init() {
+  $("error-close").addEventListener("click", clearError);
+  $("state-filter").addEventListener("change", (ev) => {
+    state.filter = ev.target.value;
+    state.pages = [null];
+    refresh();
+  });
+  $("next-page").addEventListener("click", () => {
+    if (state.next !== null) state.pages.push(state.next);
+    refresh();
+  });
+  $("first-page").addEventListener("click", () => {
+    state.pages = [null];
+    refresh();
+  });
+  $("pause").addEventListener("click", () => act("POST", `v1/jobs/${state.route.id}/pause`));
+  $("resume").addEventListener("click", () => act("POST", `v1/jobs/${state.route.id}/resume`));
+  $("rate-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const raw = $("rate-limit").value.trim();
+    if (raw !== "" && !/^-?\d+$/.test(raw)) {
+      showError(new Error("rate limit must be a whole number of rows/s, or empty for no limit"));
+      return;
+    }
+    const id = state.route.id;
+    act("PATCH", `v1/jobs/${id}`, { rate_limit: raw === "" ? null : Number(raw) }).then((job) => {
+      // accepted: the input follows the service again (a rejected edit stays to be fixed)
+      if (job && state.route.id === id && $("rate-limit").value.trim() === raw) {
+        state.rateEdited = false;
+        showRateLimit(job);
+      }
+    });
+  });
+  $("rate-limit").addEventListener("input", () => {
+    state.rateEdited = true;
+  });
+  window.addEventListener("hashchange", onRoute);
+  setInterval(refresh, POLL_MS);
+  connectEvents();
+  onRoute();
+}
+
+init();

@@ -1,0 +1,188 @@
+"""The Spark data path: one Spark job per job and epoch reads the snapshot of every
+vnode the worker's actors still read and writes the MV rows, parallel over vnodes.
+
+The executors decide the reads (``next_spread_read``: one per vnode, sharing the row
+budget) and account for them from the per-vnode summaries the job sends back
+(``on_read_summary``), exactly as if the rows had passed through the driver. The
+filter and projection run inside the Spark tasks with the same ``View`` as the driver
+path and the reference model.
+
+Small epochs stay on the driver (``runtime``): a Spark job costs a few hundred ms of
+scheduling, more than reading a few thousand rows directly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import threading
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from backfill_core.executors.messages import SnapshotRead
+from backfill_core.schema import coerce_value, value_to_json
+
+if TYPE_CHECKING:
+    from spark_workers.actors import ActorRunner
+
+log = logging.getLogger(__name__)
+
+
+class SparkPath:
+    """Owns the worker's one SparkSession (created on first use)."""
+
+    def __init__(self, master: str, dsn: str, *, partitions: int | None = None) -> None:
+        self.master = master
+        self.dsn = dsn
+        self.partitions = partitions
+        self._spark: Any = None
+        self._lock = threading.Lock()
+        self.jobs = 0
+
+    def session(self) -> Any:
+        with self._lock:
+            if self._spark is None:
+                self._spark = build_session(self.master)
+                from spark_workers.datasource import StoreDataSource
+
+                self._spark.dataSource.register(StoreDataSource)
+            return self._spark
+
+    def warm_up(self) -> None:
+        """Start the session and its Python workers with an empty read and write."""
+        from backfill_core.schema import Column, ColumnType, TableSchema
+
+        spark = self.session()
+        spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+        schema = TableSchema.build([Column("k", ColumnType.BIGINT, False)], ["k"])
+        n = max(1, int(spark.sparkContext.defaultParallelism))
+        plan = json.dumps(
+            {
+                "dsn": self.dsn,
+                "upstream_table": "_warm_up",
+                "upstream_schema": schema.to_json(),
+                "mv_table": "_warm_up",
+                "mv_schema": schema.to_json(),
+                "columns": ["k"],
+                "filter": None,
+                "graph_id": 0,
+                "recovery_seq": 0,
+                "read_epoch": 0,
+                "write_epoch": 0,
+                "partitions": [[] for _ in range(n)],
+            }
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            df = spark.read.format("backfill_store").option("plan", plan).load()
+            df.write.format("backfill_store").option("plan", plan).option(
+                "summary", os.path.join(tmp, "summary.json")
+            ).mode("append").save()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._spark is not None:
+                self._spark.stop()
+                self._spark = None
+
+    def run_epoch(self, runners: list[ActorRunner], max_rows: int) -> int:
+        """Read up to ``max_rows`` per job for these actors; returns the rows read."""
+        by_job: dict[int, list[ActorRunner]] = defaultdict(list)
+        for r in runners:
+            by_job[r.job_id].append(r)
+        total = 0
+        for group in by_job.values():
+            total += self._run_job(group, max_rows)
+        return total
+
+    def _run_job(self, runners: list[ActorRunner], max_rows: int) -> int:
+        share = max(1, max_rows // len(runners))
+        reads: list[tuple[ActorRunner, SnapshotRead]] = [
+            (r, read) for r in runners for read in r.executor.next_spread_read(share)
+        ]
+        if not reads:
+            return 0
+        first = runners[0]
+        spark = self.session()
+        # Spark resolves the writer's data source through the calling thread's active
+        # session, which a thread that did not build the session lacks
+        spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+        n_parts = self.partitions or max(1, int(spark.sparkContext.defaultParallelism))
+        n_parts = min(n_parts, len(reads))
+        # contiguous groups of vnodes, as even as the rows allow
+        parts: list[list[Any]] = [[] for _ in range(n_parts)]
+        for i, (r, read) in enumerate(reads):
+            after = (
+                None
+                if read.after is None
+                else [value_to_json(t, x) for t, x in zip(r.pk_types, read.after, strict=True)]
+            )
+            parts[i * n_parts // len(reads)].append([read.vnode, after, read.limit])
+        plan = {
+            "dsn": self.dsn,
+            "upstream_table": first.upstream.name,
+            "upstream_schema": first.upstream.schema.to_json(),
+            "mv_table": first.mv.name,
+            "mv_schema": first.mv.schema.to_json(),
+            "columns": first.job_columns,
+            "filter": first.job_filter,
+            "graph_id": first.graph_id,
+            "recovery_seq": first.recovery_seq,
+            "read_epoch": first.executor.snapshot_epoch,
+            "write_epoch": first.executor.open_epoch,
+            "partitions": parts,
+        }
+        fd, summary_path = tempfile.mkstemp(prefix="backfill-summary-", suffix=".json")
+        os.close(fd)
+        os.unlink(summary_path)
+        try:
+            text = json.dumps(plan)
+            df = spark.read.format("backfill_store").option("plan", text).load()
+            df.write.format("backfill_store").option("plan", text).option(
+                "summary", summary_path
+            ).mode("append").save()
+            with open(summary_path) as f:
+                summary = json.load(f)
+        finally:
+            if os.path.exists(summary_path):
+                os.unlink(summary_path)
+        self.jobs += 1
+        got = summary["vnodes"]
+        total = 0
+        for r, read in reads:
+            count, last = got.get(str(read.vnode), (0, None))
+            pos = (
+                None
+                if last is None
+                else tuple(coerce_value(t, x) for t, x in zip(r.pk_types, last, strict=True))
+            )
+            r.executor.on_read_summary(read, int(count), pos)
+            total += int(count)
+        return total
+
+
+def build_session(master: str, extra_conf: dict[str, str] | None = None) -> Any:
+    import sys
+
+    from pyspark.sql import SparkSession
+
+    # Spark's Python workers must run this interpreter (its packages), not python3 on PATH
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder
+    for k, v in (extra_conf or {}).items():
+        builder = builder.config(k, v)
+    spark = (
+        builder.master(master)
+        .appName("mv-backfill-worker")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
+        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=warn")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,102 @@
+"""Job events as Server-Sent Events: what is recorded, and reconnecting with Last-Event-ID."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+from fastapi.testclient import TestClient
+
+from service.db import Database
+from service.settings import Settings
+from tests.integration.test_health_and_errors import assert_error
+from tests.integration.test_tables_api import ORDERS, create
+from tests.kit.live import live_server
+
+
+def parse_sse(text: str) -> list[dict[str, Any]]:
+    """Events of an SSE body as {id, event, data}; comments and retry lines skipped."""
+    out = []
+    for block in text.split("\n\n"):
+        fields: dict[str, Any] = {}
+        for line in block.splitlines():
+            if line.startswith(":") or ":" not in line:
+                continue
+            name, _, value = line.partition(":")
+            fields[name] = value.removeprefix(" ")
+        if "id" in fields:
+            out.append(
+                {
+                    "id": int(fields["id"]),
+                    "event": fields["event"],
+                    "data": json.loads(fields["data"]),
+                }
+            )
+    return out
+
+
+def _job(client: Any, name: str = "mv") -> int:
+    r = client.post(
+        "/v1/jobs", json={"name": name, "upstream": {"table": "orders"}, "columns": ["id"]}
+    )
+    assert r.status_code == 202, r.text
+    return int(r.json()["id"])
+
+
+def test_a_jobs_life_is_recorded_in_order(client: TestClient) -> None:
+    create(client, ORDERS)
+    job = _job(client)
+    other = _job(client, "other")
+    assert client.post(f"/v1/jobs/{job}/pause").status_code == 200
+    assert client.post(f"/v1/jobs/{job}/resume").status_code == 200
+    assert client.patch(f"/v1/jobs/{job}", json={"rate_limit": 500}).status_code == 200
+    assert client.delete(f"/v1/jobs/{other}").status_code == 204
+
+    r = client.get(f"/v1/jobs/{job}/events", params={"follow": "false"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    got = parse_sse(r.text)
+    assert [e["event"] for e in got] == ["job_created", "paused", "resumed", "throttled"]
+    assert all(e["data"]["job_id"] == job for e in got)
+    assert got[3]["data"]["rate_limit"] == 500
+    ids = [e["id"] for e in got]
+    assert ids == sorted(ids)
+
+    everything = parse_sse(client.get("/v1/events", params={"follow": "false"}).text)
+    assert {"job_created", "cancelled"} <= {
+        e["event"] for e in everything if e["data"]["job_id"] == other
+    }
+
+
+def test_reconnecting_with_last_event_id_gets_exactly_the_missed_events(
+    db: Database, settings: Settings
+) -> None:
+    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=30) as http:
+        create(http, ORDERS)  # type: ignore[arg-type]
+        job = _job(http)
+        http.post(f"/v1/jobs/{job}/pause")
+        http.post(f"/v1/jobs/{job}/resume")
+        seen: list[dict[str, Any]] = []
+        with http.stream("GET", "/v1/events") as stream:  # follows: only closing ends it
+            buf = ""
+            for chunk in stream.iter_text():
+                buf += chunk
+                seen = parse_sse(buf[: buf.rfind("\n\n") + 2])
+                if len(seen) >= 2:
+                    break
+        last = seen[1]["id"]
+        # while disconnected
+        http.post(f"/v1/jobs/{job}/pause")
+        http.patch(f"/v1/jobs/{job}", json={"rate_limit": 7})
+        all_now = parse_sse(http.get("/v1/events", params={"follow": "false"}).text)
+        missed = [e for e in all_now if e["id"] > last]
+        r = http.get("/v1/events", params={"follow": "false"}, headers={"Last-Event-ID": str(last)})
+        assert parse_sse(r.text) == missed
+        assert [e["event"] for e in missed][-3:] == ["resumed", "paused", "throttled"]
+
+
+def test_bad_event_requests(client: TestClient) -> None:
+    assert_error(client.get("/v1/jobs/999/events", params={"follow": "false"}), 404, "not_found")
+    r = client.get("/v1/events", params={"follow": "false"}, headers={"Last-Event-ID": "x1"})
+    assert_error(r, 400, "bad_request")
+    assert_error(client.get("/v1/events", params={"after": -1}), 422, "validation_error")

@@ -1,0 +1,131 @@
+"""The progress model (maintained at commits) and conditional reads for pollers."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from service.db import Database
+from tests.kit.meta import FakeWorker, make_job
+
+
+def _collect(w: FakeWorker, rows_of: Any) -> None:
+    for a in w.poll():
+        vnodes = [v for lo, hi in a["vnodes"] for v in range(lo, hi)]
+        for b in a["barriers"]:
+            progress = {
+                "vnodes": [
+                    {
+                        "vnode": v,
+                        "state": "in_progress",
+                        "current_pos": [v],
+                        "row_count": rows_of(b),
+                    }
+                    for v in vnodes
+                ]
+            }
+            r = w.collect(a["actor_id"], b, progress=progress)
+            assert r.status_code == 200, r.text
+
+
+def test_rows_never_go_back_and_a_rate_and_eta_appear(client: TestClient, db: Database) -> None:
+    job = make_job(db, "p", 2)
+    w = FakeWorker(client).register()
+    step = [0]
+
+    def growing(_: dict[str, Any]) -> int:
+        step[0] += 1
+        return step[0]
+
+    seen: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while True:  # the rate needs a window of 5 s of epoch time
+        _collect(w, growing)
+        p = client.get(f"/v1/jobs/{job}/progress").json()
+        seen.append(p)
+        if p["rows_per_s"] > 0:
+            break
+        assert time.monotonic() < deadline, "no rate after 60 s"
+    assert p["percent"] <= 99.99 and p["phase"] == "backfilling"
+    rows = [s["rows"] for s in seen]
+    assert rows == sorted(rows)
+    top = rows[-1]
+    # a restarted backfill (a chain after recovery) reports less: shown rows stay put
+    for _ in range(2):  # each round collects every pending barrier
+        _collect(w, lambda b: 0)
+    again = client.get(f"/v1/jobs/{job}/progress").json()
+    assert again["rows"] >= top
+
+
+def test_job_and_progress_reads_answer_304_while_unchanged(
+    client: TestClient, db: Database
+) -> None:
+    job = make_job(db, "q", 1)
+    r = client.get(f"/v1/jobs/{job}")
+    etag = r.headers["etag"]
+    same = client.get(f"/v1/jobs/{job}", headers={"If-None-Match": etag})
+    assert same.status_code == 304 and same.headers["etag"] == etag and same.content == b""
+    assert client.post(f"/v1/jobs/{job}/pause").status_code == 200
+    changed = client.get(f"/v1/jobs/{job}", headers={"If-None-Match": etag})
+    assert changed.status_code == 200 and changed.json()["paused"] is True
+    assert changed.headers["etag"] != etag
+    p = client.get(f"/v1/jobs/{job}/progress")
+    assert p.status_code == 200 and p.json()["rows"] == 0
+    unchanged = client.get(f"/v1/jobs/{job}/progress", headers={"If-None-Match": p.headers["etag"]})
+    assert unchanged.status_code == 304  # no worker: only the committed epoch moves
+    assert client.get(f"/v1/jobs/{job}", headers={"If-None-Match": "*"}).status_code == 304
+
+
+def test_metrics_carry_each_job(client: TestClient, db: Database) -> None:
+    job = make_job(db, "m", 1)
+    assert client.post(f"/v1/jobs/{job}/pause").status_code == 200
+    text = client.get("/metrics").text
+    labels = f'job="{job}",kind="arrangement",name="m"'
+    assert f"backfill_job_paused{{{labels}}} 1.0" in text
+    assert f'backfill_job_state{{{labels},state="creating"}} 1.0' in text
+    assert f"backfill_job_rows{{{labels}}} 0.0" in text
+    assert "backfill_barrier_latency_seconds" in text  # the meta's own metrics stay
+
+
+def _sample(text: str, prefix: str) -> float:
+    line = next((x for x in text.splitlines() if x.startswith(prefix)), None)
+    return float(line.rsplit(" ", 1)[1]) if line else 0.0
+
+
+def test_http_requests_are_counted_per_route_template(client: TestClient, db: Database) -> None:
+    job = make_job(db, "h", 1)
+    ok = 'backfill_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="200"}'
+    missing = 'backfill_http_requests_total{method="GET",route="/v1/jobs/{job_id}",status="404"}'
+    before = client.get("/metrics").text  # counters are per process: compare deltas
+    for _ in range(3):
+        assert client.get(f"/v1/jobs/{job}").status_code == 200
+    assert client.get("/v1/jobs/999999").status_code == 404
+    after = client.get("/metrics").text
+    assert _sample(after, ok) - _sample(before, ok) == 3
+    assert _sample(after, missing) - _sample(before, missing) == 1
+    assert f"/v1/jobs/{job}" not in after  # ids never become labels
+    assert "backfill_http_request_seconds_bucket" in after
+
+
+def test_job_list_pages_newest_first_with_a_stable_cursor(client: TestClient, db: Database) -> None:
+    ids = [make_job(db, f"l{i}", 1) for i in range(5)]
+    seen: list[int] = []
+    after = None
+    while True:
+        params: dict[str, Any] = {"order": "desc", "limit": 2}
+        if after is not None:
+            params["after"] = after
+        page = client.get("/v1/jobs", params=params)
+        assert page.status_code == 200
+        seen += [j["id"] for j in page.json()["jobs"]]
+        after = page.json()["next"]
+        if after is None:
+            break
+    assert seen == sorted(ids, reverse=True)
+    first = client.get("/v1/jobs")
+    assert [j["id"] for j in first.json()["jobs"]] == ids
+    again = client.get("/v1/jobs", headers={"If-None-Match": first.headers["etag"]})
+    assert again.status_code == 304  # the committed epoch moved, nothing else did
+    assert client.get("/v1/jobs", params={"order": "sideways"}).status_code == 422
