@@ -95,7 +95,7 @@ async def run_demo(base_url: str, *, keep_running: bool = False) -> None:
                     "upstream": {"table": DEMO_TABLE},
                     "columns": ["id", "amount"],
                     "filter": {"col": "amount", "op": ">=", "value": 50},
-                    "backfill": "arrangement",
+                    "backfill": "auto",  # a snapshot backfill, decoupled from the writer
                     "parallelism": 4,
                 },
             )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from psycopg2 import sql
@@ -11,6 +12,8 @@ from backfill_core.epoch import EpochPair
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeProgress, VnodeState
 from backfill_core.executors.chain import ChainBackfill
 from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
+from backfill_core.executors.snapshot import SnapshotBackfill, VnodeBackfillProgress
+from backfill_core.executors.snapshot import VnodeState as SnapshotVnodeState
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
 from backfill_core.view import View
 from state_store.versioned import VersionedTable
@@ -19,13 +22,17 @@ from state_store.versioned import VersionedTable
 class Fenced(Exception):
     """This actor was superseded by a recovery; its work must stop."""
 
+    def __init__(self, graph_id: int, message: str) -> None:
+        super().__init__(message)
+        self.graph_id = graph_id
+
 
 class ActorRunner:
     """Runs an arrangement-backfill actor against the state store (driver-side path)."""
 
     def __init__(self, assignment: dict[str, Any]) -> None:
         job = assignment["job"]
-        if job["kind"] not in ("arrangement", "chain"):
+        if job["kind"] not in ("arrangement", "chain", "snapshot"):
             raise ValueError(f"this worker cannot run {job['kind']!r} jobs yet")
         self.kind: str = job["kind"]
         self.actor_id: int = assignment["actor_id"]
@@ -44,9 +51,20 @@ class ActorRunner:
         self.vnode_ranges: list[tuple[int, int]] = [(lo, hi) for lo, hi in assignment["vnodes"]]
         vnodes = [v for lo, hi in self.vnode_ranges for v in range(lo, hi)]
         restore = assignment.get("restore") or {}
-        self.executor: ArrangementBackfill | ChainBackfill
+        self.executor: ArrangementBackfill | ChainBackfill | SnapshotBackfill
         self._truncate = False
-        if self.kind == "chain":
+        if self.kind == "snapshot":
+            self.executor = SnapshotBackfill(
+                self.actor_id,
+                vnodes,
+                self.upstream.key_of,
+                int(job["snapshot_epoch"]),
+                rate_limit=job["rate_limit"],
+                paused=job["paused"],
+                restore=self._restore_snapshot(restore, int(job["snapshot_epoch"])),
+                created=job.get("state") == "created",
+            )
+        elif self.kind == "chain":
             # no mid-backfill progress (as in the seed): unless the job was created, the
             # actor starts over on an empty view of its vnodes
             finished = bool(restore.get("finished")) or job.get("state") == "created"
@@ -71,19 +89,45 @@ class ActorRunner:
 
     # progress as JSON ---------------------------------------------------------
 
+    def _key(self, pos: list[Any] | None) -> tuple[Any, ...] | None:
+        """A position from JSON back to a typed primary key."""
+        if pos is None:
+            return None
+        return tuple(coerce_value(t, x) for t, x in zip(self._pk_types, pos, strict=True))
+
     def _restore(self, restore: dict[str, Any]) -> dict[int, VnodeProgress]:
         out = {}
         for v in restore.get("vnodes", []):
-            pos = v.get("current_pos")
-            key = (
-                tuple(coerce_value(t, x) for t, x in zip(self._pk_types, pos, strict=True))
-                if pos is not None
-                else None
-            )
+            key = self._key(v.get("current_pos"))
             out[int(v["vnode"])] = VnodeProgress(
                 VnodeState(v["state"]), key, int(v.get("row_count", 0))
             )
         return out
+
+    def _restore_snapshot(
+        self, restore: dict[str, Any], snapshot_epoch: int
+    ) -> dict[int, VnodeBackfillProgress]:
+        # Progress is stored at the committed epoch, a fake one during the snapshot: the
+        # executor counts it at the snapshot epoch there (and at the first barrier's
+        # epoch once the snapshot is over, see ``_first_snapshot_barrier``).
+        out = {}
+        for v in restore.get("vnodes", []):
+            key = self._key(v.get("current_pos"))
+            out[int(v["vnode"])] = VnodeBackfillProgress(
+                snapshot_epoch, int(v.get("row_count", 0)), SnapshotVnodeState(v["state"]), key
+            )
+        return out
+
+    def _first_snapshot_barrier(self, ex: SnapshotBackfill, barrier: Barrier) -> None:
+        """Resuming after the snapshot: every vnode is consumed at the committed epoch."""
+        if ex.started or barrier.epoch.prev < ex.snapshot_epoch:
+            return
+        ex.progress = {v: replace(p, epoch=barrier.epoch.prev) for v, p in ex.progress.items()}
+
+    def rebind(self, graph_id: int, recovery_seq: int) -> None:
+        """The job merged into another graph: same executor, new fence."""
+        self.graph_id = graph_id
+        self.recovery_seq = recovery_seq
 
     def _progress_json(self) -> list[dict[str, Any]]:
         rows = self.executor.progress_rows()
@@ -126,7 +170,8 @@ class ActorRunner:
         row = cur.fetchone()
         if row is None or row[0] != self.recovery_seq:
             raise Fenced(
-                f"actor {self.actor_id} belongs to an earlier incarnation of graph {self.graph_id}"
+                self.graph_id,
+                f"actor {self.actor_id} belongs to an earlier incarnation of graph {self.graph_id}",
             )
 
     def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +194,13 @@ class ActorRunner:
                 for lo, hi in self.vnode_ranges:
                     self.mv.delete_vnodes(cur, lo, hi)
                 self._truncate = False
-            out = ex.on_barrier(barrier, changes)
+            if isinstance(ex, SnapshotBackfill):
+                self._first_snapshot_barrier(ex, barrier)
+                out = ex.on_barrier(
+                    barrier, changes, upstream_latest_epoch=message.get("upstream_epoch")
+                )
+            else:
+                out = ex.on_barrier(barrier, changes)
             versions = []
             for c in out.emit:
                 mc = self.view.change(c)
@@ -164,10 +215,16 @@ class ActorRunner:
             "actor_id": self.actor_id,
             "prev_epoch": barrier.epoch.prev,
             "curr_epoch": barrier.epoch.curr,
-            "progress": {"vnodes": self._progress_json()},
+            "progress": self._report(),
             "rows": out.rows,
             "finished": out.finished,
         }
+
+    def _report(self) -> dict[str, Any]:
+        report: dict[str, Any] = {}
+        if isinstance(self.executor, SnapshotBackfill):
+            report = {k: v for k, v in self.executor.report().items() if k != "vnodes"}
+        return {"vnodes": self._progress_json(), **report}
 
     def read_some(self, conn: Any, max_rows: int) -> int:
         """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""

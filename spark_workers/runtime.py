@@ -19,7 +19,7 @@ import psycopg2
 
 from service.db import NO_JIT
 from service.settings import Settings, load_settings
-from spark_workers.actors import ActorRunner
+from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.spark_path import SparkPath
 
@@ -83,11 +83,41 @@ class Worker:
                 # the control plane is away (restarting or shutting down): wait, then retry
                 log.warning("control plane unreachable: %s", e)
                 self.stop_event.wait(1.0)
+            except Fenced as e:
+                self._superseded(e.graph_id, str(e))
+            except ProtocolError as e:
+                graph_id = self._stale_collect(e)
+                if graph_id is None:
+                    log.exception("actor failure")
+                    self._fail(str(e))
+                else:
+                    self._superseded(graph_id, str(e))
             except Exception as e:
                 log.exception("actor failure")
                 self._fail(str(e) or type(e).__name__)
         self._shutdown()
         return 0
+
+    def _stale_collect(self, e: ProtocolError) -> int | None:
+        """The graph of a collect refused as stale (its graph recovered meanwhile)."""
+        if e.status != 409 or not isinstance(e.body, dict):
+            return None
+        error = e.body.get("error") or {}
+        if "stale" not in str(error.get("message", "")):
+            return None
+        runner = self.runners.get(int((error.get("details") or {}).get("actor_id", -1)))
+        return runner.graph_id if runner is not None else None
+
+    def _superseded(self, graph_id: int, why: str) -> None:
+        """A recovery of ``graph_id`` overtook this worker's actors there: drop them and
+        wait for the recovery's initial barrier. Not a failure: reporting one would only
+        recover the graph again, and again."""
+        log.info("dropping the actors of graph %s: %s", graph_id, why)
+        if self.conn is not None:
+            self.conn.rollback()
+        for actor_id, runner in list(self.runners.items()):
+            if runner.graph_id == graph_id:
+                del self.runners[actor_id]
 
     def _fail(self, message: str) -> None:
         self.runners.clear()
@@ -135,6 +165,15 @@ class Worker:
             barriers = a["barriers"]
             runner = self.runners.get(a["actor_id"])
             restart = barriers and (barriers[0]["kind"] == "initial" or a["restore"] is not None)
+            if (
+                runner is not None
+                and barriers
+                and barriers[0]["kind"] != "initial"
+                and runner.graph_id != a["graph_id"]
+            ):
+                # a snapshot backfill merged into the main graph: its executor goes on
+                runner.rebind(a["graph_id"], a["recovery_seq"])
+                restart = False
             if runner is None or restart or runner.recovery_seq != a["recovery_seq"]:
                 if not barriers:
                     continue  # wait for its first barrier

@@ -65,6 +65,9 @@ class JobView(BaseModel):
     mv_table: str | None
     committed_epoch: int
     finished_epoch: int | None
+    snapshot_epoch: int | None = Field(
+        description="snapshot backfill: the upstream epoch its snapshot is read at"
+    )
     recovering: bool = Field(description="its graph is in recovery right now")
     recoveries: int = Field(description="recoveries of its graph so far")
     recovery_reason: str | None
@@ -87,13 +90,29 @@ class VnodeRow(BaseModel):
 class Progress(BaseModel):
     id: int
     state: str
-    phase: Literal["backfilling", "forwarding", "done"]
+    phase: Literal["backfilling", "forwarding", "snapshot", "log_store", "finishing", "done"] = (
+        Field(
+            description="arrangement and chain: backfilling, forwarding; snapshot: snapshot "
+            "(reading it), log_store (replaying the upstream's epochs since), finishing "
+            "(caught up, merging); then done"
+        )
+    )
     rows: int = Field(description="rows consumed as of the committed epoch; never goes back")
     total_estimate: int
     percent: float = Field(description="at most 99.99 until the job is created, then 100")
     rows_per_s: float = Field(description="over the last window of at least 5 s of epoch time")
     eta_s: float | None = Field(description="seconds left at the current rate (null: unknown)")
     committed_epoch: int
+    snapshot_epoch: int | None = Field(
+        description="snapshot backfill: the upstream epoch its snapshot is read at"
+    )
+    log_store_lag_ms: int | None = Field(
+        description="snapshot backfill: how far the replayed epoch is behind the upstream's "
+        "committed one"
+    )
+    log_store_lag_epochs: int | None = Field(
+        description="snapshot backfill: upstream epochs committed but not replayed yet"
+    )
     vnodes: list[VnodeRow]
 
 
@@ -114,6 +133,7 @@ def _view(ctx: ServiceContext, job: Job) -> JobView:
         mv_table=mv,
         committed_epoch=graph.committed_epoch,
         finished_epoch=job.finished_epoch,
+        snapshot_epoch=job.snapshot_epoch,
         recovering=graph.state == "recovering",
         recoveries=graph.recovery_seq,
         recovery_reason=graph.recovery_reason,
@@ -177,19 +197,26 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
     total = max(snap.upstream_estimate, consumed)
     done = job.state == "created"
     forwarding = rows and all(r.state == "completed" for r in rows)
+    phase = "done" if done else ("forwarding" if forwarding else "backfilling")
+    log_store = snap.log_store
+    if log_store is not None and not done:
+        phase = log_store.phase
     percent = 100.0 if done else min(99.99, round(100 * consumed / total, 2) if total else 0.0)
     rate = 0.0 if done or kept is None else round(kept.rows_per_s, 1)
     eta = None if done or rate <= 0 else round(max(0, total - consumed) / rate, 1)
     body = Progress(
         id=job.id,
         state=job.state,
-        phase="done" if done else ("forwarding" if forwarding else "backfilling"),
+        phase=phase,
         rows=consumed,
         total_estimate=total,
         percent=percent,
         rows_per_s=rate,
         eta_s=0.0 if done else eta,
         committed_epoch=snap.committed_epoch,
+        snapshot_epoch=job.snapshot_epoch,
+        log_store_lag_ms=log_store.lag_ms if log_store else None,
+        log_store_lag_epochs=log_store.lag_epochs if log_store else None,
         vnodes=[
             VnodeRow(vnode=r.vnode, state=r.state, position=r.current_pos, rows=r.row_count)
             for r in rows

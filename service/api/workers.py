@@ -38,6 +38,10 @@ class BarrierMessage(BaseModel):
     curr: int
     kind: Literal["initial", "barrier", "checkpoint"]
     mutation: dict[str, Any] | None = None
+    upstream_epoch: int | None = Field(
+        default=None,
+        description="creating graphs: the upstream's committed epoch when it was injected",
+    )
 
 
 class ActorAssignment(BaseModel):

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from backfill_core.epoch import lag_ms
 from backfill_core.schema import (
     ColumnType,
     SchemaError,
@@ -21,6 +22,7 @@ from backfill_core.view import View
 from service.catalog import events
 from service.catalog.models import (
     Actor,
+    Barrier,
     EpochPin,
     Graph,
     Job,
@@ -37,8 +39,8 @@ from service.meta.epochs import MAIN_GRAPH_ID
 from service.meta.recovery import request_recovery
 from service.meta.scheduler import place_job_actors
 
-AVAILABLE_KINDS = ("arrangement", "chain")
-PLANNED_KINDS = ("snapshot", "source")
+AVAILABLE_KINDS = ("arrangement", "chain", "snapshot")
+PLANNED_KINDS = ("source",)
 MAX_PARALLELISM = 256
 
 
@@ -55,10 +57,11 @@ class JobSpec:
 
 def resolve_kind(kind: str) -> str:
     if kind == "auto":
-        return "arrangement"  # until the snapshot backfill exists
+        return "snapshot"  # decoupled from the upstream: the default on tables
     if kind in PLANNED_KINDS:
         raise Invalid(
-            f"backfill kind {kind!r} is not available yet; use 'arrangement' or 'chain'",
+            f"backfill kind {kind!r} is not available yet; "
+            "use 'snapshot', 'arrangement' or 'chain'",
             {"field": "backfill"},
         )
     if kind not in AVAILABLE_KINDS:
@@ -118,21 +121,46 @@ def create_job(db: Database, spec: JobSpec) -> Job:
         )
         s.add(job)
         s.flush()
-        if kind == "chain":
-            # a chain reads one fixed snapshot (and then its change logs) for the whole
-            # backfill: garbage collection must keep them until the job is created
+        if kind in ("chain", "snapshot"):
+            # one fixed snapshot (and then its change logs) for the whole backfill:
+            # garbage collection must keep them until the job is created
             committed = s.execute(
                 select(Graph.committed_epoch).where(Graph.id == MAIN_GRAPH_ID)
             ).scalar_one()
             s.add(EpochPin(relation_id=upstream.id, holder=f"job:{job.id}", epoch=committed))
+        if kind == "snapshot":
+            _creating_graph(s, job, mv, upstream, committed)
         place_job_actors(s, job, up_schema.vnode_count)
         events.record(s, "job_created", job.id, name=job.name, backfill=kind)
         return job
 
 
+def _creating_graph(s: Session, job: Job, mv: Relation, upstream: Relation, committed: int) -> None:
+    """A snapshot backfill runs in a graph of its own until it merges into the main one."""
+    if upstream.graph_id != MAIN_GRAPH_ID:
+        raise Conflict(
+            f"{upstream.name!r} is still being created; a snapshot backfill reads a created "
+            "upstream",
+            {"field": "upstream"},
+        )
+    if committed <= 0:
+        raise Conflict(
+            "the upstream has no committed epoch to take a snapshot at yet; retry in a moment",
+            {"field": "upstream"},
+        )
+    graph = Graph(kind="creating", job_id=job.id, state="running")
+    s.add(graph)
+    s.flush()
+    job.snapshot_epoch = committed
+    job.graph_id = mv.graph_id = graph.id
+    s.flush()
+
+
 def _job(s: Session, job_id: int, *, lock: bool = False) -> Job:
     q = select(Job).where(Job.id == job_id)
-    if lock:
+    if not lock:
+        job = s.execute(q).scalar_one_or_none()
+    while lock:
         # The barrier commit locks the graph, then touches its jobs (finishing them,
         # recording events): take the locks in the same order, or the two deadlock.
         graph_id = s.execute(select(Job.graph_id).where(Job.id == job_id)).scalar_one_or_none()
@@ -142,8 +170,11 @@ def _job(s: Session, job_id: int, *, lock: bool = False) -> Job:
                 .where(Graph.id == graph_id)
                 .with_for_update(read=True, key_share=True)
             )
-        q = q.with_for_update()
-    job = s.execute(q).scalar_one_or_none()
+        job = s.execute(
+            q.with_for_update().execution_options(populate_existing=True)
+        ).scalar_one_or_none()
+        if job is None or job.graph_id == graph_id:
+            break  # else a merge moved the job to the main graph meanwhile: lock that
     if job is None:
         raise NotFound(f"job {job_id} does not exist", {"id": job_id})
     return job
@@ -237,6 +268,9 @@ def drop_job(db: Database, job_id: int) -> None:
         s.execute(delete(EpochPin).where(EpochPin.holder == f"job:{job.id}"))
         s.execute(delete(JobProgress).where(JobProgress.job_id == job.id))
         events.record(s, "cancelled" if job.state == "creating" else "dropped", job.id)
+        if mv is not None and mv.graph_id != MAIN_GRAPH_ID:
+            mv.graph_id = MAIN_GRAPH_ID  # its creating graph goes with the job
+            s.flush()
         s.delete(job)
         s.flush()
         if mv is not None:
@@ -258,6 +292,39 @@ class ProgressSnapshot:
     kept: JobProgress | None
     upstream_estimate: int
     committed_epoch: int
+    log_store: LogStoreLag | None = None
+
+
+@dataclass(frozen=True)
+class LogStoreLag:
+    """Where a snapshot backfill's creating graph is against its upstream."""
+
+    phase: str  # snapshot | log_store | finishing
+    lag_ms: int  # upstream committed epoch - replayed epoch, in physical time
+    lag_epochs: int  # upstream epochs closed and committed, not yet replayed
+
+
+def _log_store_lag(s: Session, job: Job) -> LogStoreLag | None:
+    graph = s.get(Graph, job.graph_id) if job.graph_id is not None else None
+    if graph is None or graph.kind != "creating" or job.snapshot_epoch is None:
+        return None
+    main = s.get(Graph, MAIN_GRAPH_ID)
+    assert main is not None
+    replayed = max(graph.committed_epoch, job.snapshot_epoch)
+    epochs = s.execute(
+        select(func.count()).where(
+            Barrier.graph_id == MAIN_GRAPH_ID,
+            Barrier.prev_epoch > replayed,
+            Barrier.prev_epoch <= main.committed_epoch,
+        )
+    ).scalar_one()
+    if graph.committed_epoch < job.snapshot_epoch:
+        phase = "snapshot"
+    elif graph.current_epoch >= main.current_epoch:
+        phase = "finishing"
+    else:
+        phase = "log_store"
+    return LogStoreLag(phase, lag_ms(main.committed_epoch, replayed), int(epochs))
 
 
 def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
@@ -279,6 +346,7 @@ def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
             kept=s.get(JobProgress, job_id),
             upstream_estimate=_estimate(s, job),
             committed_epoch=int(committed or 0),
+            log_store=_log_store_lag(s, job),
         )
 
 

@@ -184,6 +184,8 @@ class Barrier(Base):
     prev_epoch: Mapped[int] = mapped_column(BigInteger)
     kind: Mapped[str] = mapped_column(Text)  # initial | barrier | checkpoint
     mutation: Mapped[dict[str, Any] | None]
+    # creating graphs: the upstream's committed epoch when this barrier was injected
+    upstream_epoch: Mapped[int | None] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(Text, default="inflight")  # inflight | collected | committed
     injected_at: Mapped[dt.datetime] = _now()
     committed_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))

@@ -185,6 +185,7 @@ _FINISH_JOBS = text(
     """
     UPDATE jobs j SET state = 'created', finished_epoch = :prev, updated_at = now()
     WHERE j.graph_id = :g AND j.state = 'creating'
+      AND EXISTS (SELECT 1 FROM graphs g WHERE g.id = :g AND g.kind = 'main')
       AND EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL)
       AND NOT EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL
                       AND a.state <> 'finished')
@@ -254,8 +255,11 @@ def try_complete(session: Session, graph: Graph) -> int | None:
     return committed
 
 
-def trim_history(session: Session, graph_id: int, keep: int = 200) -> int:
-    """Drop committed barriers (and their collects) beyond the newest ``keep``."""
+def trim_history(
+    session: Session, graph_id: int, keep: int = 200, keep_after: int | None = None
+) -> int:
+    """Drop committed barriers (and their collects) beyond the newest ``keep``; never
+    one closing an epoch after ``keep_after`` (a snapshot backfill still replays it)."""
     cutoff = session.execute(
         select(Barrier.curr_epoch)
         .where(Barrier.graph_id == graph_id, Barrier.state == "committed")
@@ -276,6 +280,7 @@ def trim_history(session: Session, graph_id: int, keep: int = 200) -> int:
                 Barrier.graph_id == graph_id,
                 Barrier.state == "committed",
                 Barrier.curr_epoch <= cutoff,
+                Barrier.prev_epoch <= (keep_after if keep_after is not None else cutoff),
             )
         )
     )

@@ -17,7 +17,7 @@ from service import migrate
 from service.catalog.models import Barrier, Graph
 from service.clock import Clock, system_clock
 from service.db import Database
-from service.meta import barriers, gc, metrics, recovery
+from service.meta import barriers, creating, gc, metrics, recovery
 from service.meta.signal import BarrierSignal
 from service.meta.spawner import EmbeddedWorkerSpawner
 from service.settings import Settings
@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
+# how long the main graph waits for a snapshot backfill's last barrier before going on
+MERGE_HOLD_MS = 5_000
 
 
 class MetaLoop:
@@ -106,12 +108,25 @@ class MetaLoop:
             if self.spawner is not None and recovery.graphs_with_orphans_any_state(s):
                 self.spawner.ensure()
         with self.db.transaction() as s:
-            graphs = list(s.execute(select(Graph.id, Graph.state).order_by(Graph.id)).all())
-        for graph_id, state in graphs:
+            graphs = list(
+                s.execute(select(Graph.id, Graph.kind, Graph.state).order_by(Graph.id)).all()
+            )
+        for graph_id, kind, state in graphs:
             with self.db.transaction() as s:
                 if state == "recovering":
                     recovery.recover(s, graph_id, now)
+                elif kind == "creating":
+                    creating.inject(
+                        s,
+                        graph_id,
+                        checkpoint_frequency=self.settings.checkpoint_frequency,
+                        max_inflight=self.settings.max_pending_barriers,
+                    )
                 else:
+                    for job_id in creating.merge_caught_up(s):
+                        log.info("job %s caught up with its upstream: merged", job_id)
+                    if creating.holds_main(s, now, MERGE_HOLD_MS):
+                        continue
                     barriers.inject(
                         s,
                         graph_id,
@@ -122,9 +137,10 @@ class MetaLoop:
         self.signal.notify()
         self.ticks += 1
         if self.ticks % GC_EVERY_TICKS == 0:
-            for graph_id, _ in graphs:
+            for graph_id, kind, _ in graphs:
                 with self.db.transaction() as s:
-                    barriers.trim_history(s, graph_id)
+                    floor = creating.replay_floor(s) if kind == "main" else None
+                    barriers.trim_history(s, graph_id, keep_after=floor)
             gc.run_gc(self.db, self.settings.gc_retention_ms)
 
     def run(self) -> None:

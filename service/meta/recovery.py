@@ -21,7 +21,7 @@ from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, Job, Relation, Worker
 from service.catalog.tables import storage_of
 from service.db import raw_cursor
-from service.meta import metrics
+from service.meta import creating, metrics
 from service.meta.barriers import lock_graph
 from service.meta.epochs import next_epoch
 from service.meta.scheduler import reassign
@@ -91,17 +91,18 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
     graph = lock_graph(session, graph_id)
     committed = graph.committed_epoch
     reason = graph.recovery_reason or "recovery"
-    uncommitted = select(Barrier.curr_epoch).where(
-        Barrier.graph_id == graph_id, Barrier.state != "committed"
+    # a creating graph starts again at the epoch after its committed one, which the last
+    # committed barrier opened: forget that barrier too
+    forgotten = (
+        Barrier.curr_epoch > committed if graph.kind == "creating" else Barrier.state != "committed"
     )
+    uncommitted = select(Barrier.curr_epoch).where(Barrier.graph_id == graph_id, forgotten)
     session.execute(
         delete(BarrierCollect).where(
             BarrierCollect.graph_id == graph_id, BarrierCollect.curr_epoch.in_(uncommitted)
         )
     )
-    session.execute(
-        delete(Barrier).where(Barrier.graph_id == graph_id, Barrier.state != "committed")
-    )
+    session.execute(delete(Barrier).where(Barrier.graph_id == graph_id, forgotten))
     cur = raw_cursor(session)
     for rel in session.execute(
         select(Relation).where(Relation.graph_id == graph_id, Relation.kind == "mv")
@@ -123,7 +124,18 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
         graph.recovery_reason = reason
         return False
 
-    curr = next_epoch(max(graph.current_epoch, committed), now_ms)
+    upstream_epoch = None
+    if graph.kind == "creating":
+        # a snapshot backfill resumes phase 1 on fake epochs, or phase 2 at the upstream
+        # epoch after its committed one
+        nxt = creating.recovery_epoch(session, graph)
+        if nxt is None:
+            graph.state = "recovering"
+            graph.recovery_reason = reason
+            return False
+        curr, upstream_epoch = nxt
+    else:
+        curr = next_epoch(max(graph.current_epoch, committed), now_ms)
     # stops and adds decided by forgotten barriers are undone; every live actor restarts
     session.execute(
         update(Actor)
@@ -137,7 +149,15 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
         )
         .values(first_epoch=curr)
     )
-    session.add(Barrier(graph_id=graph_id, prev_epoch=committed, curr_epoch=curr, kind="initial"))
+    session.add(
+        Barrier(
+            graph_id=graph_id,
+            prev_epoch=committed,
+            curr_epoch=curr,
+            kind="initial",
+            upstream_epoch=upstream_epoch,
+        )
+    )
     graph.current_epoch = curr
     graph.recovery_seq += 1
     graph.state = "running"

@@ -143,7 +143,7 @@ def _upstream_actors(s: Session, job: Job) -> list[int]:
 
 _READY_BARRIERS = text(
     """
-    SELECT a.id, b.prev_epoch, b.curr_epoch, b.kind, b.mutation
+    SELECT a.id, b.prev_epoch, b.curr_epoch, b.kind, b.mutation, b.upstream_epoch
     FROM actors a
     JOIN barriers b ON b.graph_id = a.graph_id AND b.curr_epoch >= a.first_epoch
       AND (a.last_epoch IS NULL OR b.curr_epoch <= a.last_epoch)
@@ -167,10 +167,14 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
     if not actors:
         return out
     by_actor: dict[int, list[Any]] = {}
-    for actor_id, prev, curr, kind, mutation in s.execute(_READY_BARRIERS, {"w": worker_id}).all():
+    ready_rows = s.execute(_READY_BARRIERS, {"w": worker_id}).all()
+    for actor_id, prev, curr, kind, mutation, upstream_epoch in ready_rows:
         lst = by_actor.setdefault(actor_id, [])
         if len(lst) < max_barriers:
-            lst.append({"prev": prev, "curr": curr, "kind": kind, "mutation": mutation})
+            b = {"prev": prev, "curr": curr, "kind": kind, "mutation": mutation}
+            if upstream_epoch is not None:
+                b["upstream_epoch"] = upstream_epoch
+            lst.append(b)
     specs: dict[int, dict[str, Any]] = {}
     upstreams: dict[int, list[int]] = {}
     for actor, graph, job in actors:
@@ -227,6 +231,7 @@ def _restore(s: Session, actor: Actor) -> dict[str, Any]:
                 "state": p.state,
                 "current_pos": p.current_pos,
                 "row_count": p.row_count,
+                "epoch": p.epoch,
             }
             for p in rows
         ],

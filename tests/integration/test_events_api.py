@@ -38,7 +38,13 @@ def parse_sse(text: str) -> list[dict[str, Any]]:
 
 def _job(client: Any, name: str = "mv") -> int:
     r = client.post(
-        "/v1/jobs", json={"name": name, "upstream": {"table": "orders"}, "columns": ["id"]}
+        "/v1/jobs",
+        json={
+            "name": name,
+            "upstream": {"table": "orders"},
+            "columns": ["id"],
+            "backfill": "arrangement",
+        },
     )
     assert r.status_code == 202, r.text
     return int(r.json()["id"])

@@ -34,7 +34,6 @@ def _counts(db: Database) -> tuple[int, int, int]:
 @pytest.mark.parametrize(
     ("patch", "status", "field"),
     [
-        ({"backfill": "snapshot"}, 422, "backfill"),
         ({"backfill": "source"}, 422, "backfill"),
         ({"backfill": "magic"}, 422, None),
         ({"columns": ["amount"]}, 422, "columns"),

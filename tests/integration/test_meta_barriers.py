@@ -6,9 +6,7 @@ The barrier loop is driven by hand (``tick``) so each scenario is exact.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 
-import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text, update
 
@@ -21,14 +19,6 @@ from service.meta.loop import MetaLoop
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
 from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch, make_job
-
-
-@pytest.fixture
-def manual(db: Database, fresh_db_url: str) -> Iterator[tuple[TestClient, MetaLoop]]:
-    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, worker_lease_ms=60_000)
-    loop = MetaLoop(settings, db)
-    with TestClient(create_app(settings, db)) as client:
-        yield client, loop
 
 
 def test_barriers_commit_only_when_every_actor_collected(

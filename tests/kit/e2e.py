@@ -35,44 +35,64 @@ class Writer:
         self.live = set(range(keys))
         self.next_key = keys
         self.stop = threading.Event()
+        self.running = threading.Event()  # cleared: hold the writes (see ``paused``)
+        self.running.set()
+        self._in_flight = threading.Lock()
         self.batches = 0
+        self.epochs: list[int] = []  # the epoch of every batch, as DML answered
         self.thread = threading.Thread(target=self.run, daemon=True)
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No write is in flight or starts inside the block (e.g. while the control plane
+        restarts)."""
+        self.running.clear()
+        with self._in_flight:
+            pass
+        try:
+            yield
+        finally:
+            self.running.set()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            ops: list[dict[str, Any]] = []
-            touched: set[int] = set()
-            for _ in range(20):
-                roll = self.rng.random()
-                if roll < 0.4 or not self.live:
-                    k = self.next_key
-                    self.next_key += 1
+            if not self.running.wait(timeout=0.1):
+                continue
+            with self._in_flight:
+                if self.running.is_set():
+                    self._write_batch()
+
+    def _write_batch(self) -> None:
+        ops: list[dict[str, Any]] = []
+        touched: set[int] = set()
+        for _ in range(20):
+            roll = self.rng.random()
+            if roll < 0.4 or not self.live:
+                k = self.next_key
+                self.next_key += 1
+                ops.append(
+                    {
+                        "op": "insert",
+                        "row": {"id": k, "amount": self.rng.randrange(100), "note": "new"},
+                    }
+                )
+                self.live.add(k)
+            else:
+                k = self.rng.choice(sorted(self.live - touched)) if self.live - touched else None
+                if k is None:
+                    continue
+                if roll < 0.75:
                     ops.append(
-                        {
-                            "op": "insert",
-                            "row": {"id": k, "amount": self.rng.randrange(100), "note": "new"},
-                        }
+                        {"op": "update", "row": {"id": k, "amount": self.rng.randrange(100)}}
                     )
-                    self.live.add(k)
                 else:
-                    k = (
-                        self.rng.choice(sorted(self.live - touched))
-                        if self.live - touched
-                        else None
-                    )
-                    if k is None:
-                        continue
-                    if roll < 0.75:
-                        ops.append(
-                            {"op": "update", "row": {"id": k, "amount": self.rng.randrange(100)}}
-                        )
-                    else:
-                        ops.append({"op": "delete", "row": {"id": k}})
-                        self.live.discard(k)
-                touched.add(k)
-            r = self.http.post(f"/v1/tables/{self.table}/dml", json={"ops": ops})
-            assert r.status_code == 200, r.text
-            self.batches += 1
+                    ops.append({"op": "delete", "row": {"id": k}})
+                    self.live.discard(k)
+            touched.add(k)
+        r = self.http.post(f"/v1/tables/{self.table}/dml", json={"ops": ops})
+        assert r.status_code == 200, r.text
+        self.epochs.append(int(r.json()["epoch"]))
+        self.batches += 1
 
 
 def load(http: httpx.Client, n: int) -> None:
@@ -99,10 +119,13 @@ def load(http: httpx.Client, n: int) -> None:
 
 @contextmanager
 def running_cluster(
-    db: Database, url: str, worker_settings: Settings, name: str = "e2e"
+    db: Database, url: str, worker_settings: Settings, name: str = "e2e", **server: Any
 ) -> Iterator[tuple[httpx.Client, Worker]]:
-    """A live control plane (50 ms barriers, no spawned worker) and one in-process worker."""
-    settings = Settings(database_url=url, barrier_interval_ms=50, spawn_embedded_worker=False)
+    """A live control plane (50 ms barriers, no spawned worker; ``server`` overrides its
+    settings) and one in-process worker."""
+    settings = Settings(
+        database_url=url, barrier_interval_ms=50, spawn_embedded_worker=False, **server
+    )
     with live_server(settings, db) as base:
         worker = Worker(base, name, settings=worker_settings)
         t = threading.Thread(target=worker.run, daemon=True)

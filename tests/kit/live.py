@@ -15,9 +15,10 @@ from service.settings import Settings
 
 
 @contextmanager
-def live_server(settings: Settings, db: Database | None = None) -> Iterator[str]:
+def live_server(settings: Settings, db: Database | None = None, port: int = 0) -> Iterator[str]:
+    """``port`` 0 picks a free one; give the same one again to restart "the" control plane."""
     app = create_app(settings, db)
-    config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

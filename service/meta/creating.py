@@ -1,0 +1,233 @@
+"""Creating graphs (DESIGN section 6, snapshot backfill): a job's own barrier sequence,
+decoupled from the upstream, and its merge into the main graph.
+
+Phase 1 runs on *fake* epochs ``k << 16`` (far below any real epoch) while the actors
+read the snapshot at ``snapshot_epoch``. Once the committed progress shows every vnode
+consumed, the barrier ``{last fake, snapshot_epoch}`` ends it. Phase 2 then steps
+through the upstream's closed and committed epochs, one per barrier, each barrier a
+checkpoint (so the MV is exact at every epoch the creating graph commits), as many per
+tick as the pending-barrier limit allows: the job catches up. The barrier that opens the
+upstream's *open* epoch is the last one; when it is committed and the upstream still
+has that epoch open, the main graph's next barrier carries the actors on (they keep
+their state), and the job is created.
+
+Every barrier records the upstream's committed epoch (``upstream_epoch``): the executor's
+clock in phase 1 and its lag in phase 2.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session
+
+from backfill_core.schema import TableSchema
+from service.catalog import events
+from service.catalog.models import (
+    Actor,
+    Barrier,
+    EpochPin,
+    Graph,
+    Job,
+    Relation,
+    VnodeProgress,
+)
+from service.meta import metrics
+from service.meta.barriers import _apply_lifetimes, _pop_mutation, lock_graph, try_complete
+from service.meta.epochs import MAIN_GRAPH_ID
+
+FAKE_EPOCH_SHIFT = 16
+# phase-2 barriers injected per tick at most: enough to outrun the upstream's one
+REPLAY_PER_TICK = 32
+
+
+def fake_epoch_after(epoch: int) -> int:
+    return ((epoch >> FAKE_EPOCH_SHIFT) + 1) << FAKE_EPOCH_SHIFT
+
+
+def _snapshot_consumed(s: Session, job: Job) -> bool:
+    """Every vnode consumed, as of the creating graph's committed epoch."""
+    upstream = s.get(Relation, job.upstream_relation_id)
+    assert upstream is not None
+    vnodes = TableSchema.from_json(upstream.schema).vnode_count
+    consumed = s.execute(
+        select(func.count()).where(
+            VnodeProgress.job_id == job.id, VnodeProgress.state == "consumed"
+        )
+    ).scalar_one()
+    return int(consumed) >= vnodes
+
+
+def next_epoch_of(s: Session, job: Job, prev: int, main: Graph) -> int | None:
+    """The ``curr`` of the creating graph's barrier closing ``prev`` (None: wait)."""
+    assert job.snapshot_epoch is not None
+    if prev < job.snapshot_epoch:
+        return job.snapshot_epoch if _snapshot_consumed(s, job) else fake_epoch_after(prev)
+    replay = s.execute(
+        select(func.min(Barrier.prev_epoch)).where(
+            Barrier.graph_id == MAIN_GRAPH_ID,
+            Barrier.prev_epoch > prev,
+            Barrier.prev_epoch <= main.committed_epoch,
+        )
+    ).scalar_one()
+    if replay is not None:
+        return int(replay)
+    if prev == main.committed_epoch and main.current_epoch > prev:
+        return main.current_epoch  # caught up: the last barrier of the creating graph
+    return None
+
+
+def _main(s: Session) -> Graph:
+    main = s.get(Graph, MAIN_GRAPH_ID)
+    assert main is not None
+    return main
+
+
+def inject(
+    s: Session, graph_id: int, *, checkpoint_frequency: int, max_inflight: int
+) -> list[Barrier]:
+    """Inject a creating graph's next barriers: one in phase 1, a batch in phase 2."""
+    graph = s.execute(
+        select(Graph).where(Graph.id == graph_id).with_for_update()
+    ).scalar_one_or_none()
+    if graph is None or graph.state != "running" or graph.job_id is None:
+        return []
+    job = s.get(Job, graph.job_id)
+    assert job is not None and job.snapshot_epoch is not None
+    main = _main(s)
+    inflight = s.execute(
+        select(func.count()).where(Barrier.graph_id == graph_id, Barrier.state != "committed")
+    ).scalar_one()
+    out: list[Barrier] = []
+    while inflight + len(out) < max_inflight and len(out) < REPLAY_PER_TICK:
+        prev = graph.current_epoch
+        curr = next_epoch_of(s, job, prev, main)
+        if curr is None:
+            break
+        graph.barrier_seq += 1
+        if prev == 0:
+            kind = "initial"
+        elif prev >= job.snapshot_epoch or graph.barrier_seq % checkpoint_frequency == 0:
+            kind = "checkpoint"
+        else:
+            kind = "barrier"
+        mutation = _pop_mutation(s, graph_id)
+        if mutation:
+            _apply_lifetimes(s, mutation, curr)
+        barrier = Barrier(
+            graph_id=graph_id,
+            prev_epoch=prev,
+            curr_epoch=curr,
+            kind=kind,
+            mutation=mutation,
+            upstream_epoch=main.committed_epoch,
+        )
+        s.add(barrier)
+        graph.current_epoch = curr
+        s.flush()
+        metrics.BARRIERS_INJECTED.labels(str(graph_id), kind).inc()
+        out.append(barrier)
+        if prev < job.snapshot_epoch or curr == main.current_epoch:
+            break  # phase 1 goes at the barrier interval; the last barrier waits
+    if out:
+        try_complete(s, graph)
+    return out
+
+
+def merge_caught_up(s: Session) -> list[int]:
+    """Merge every creating graph that caught up into the main graph, before the main
+    graph's next barrier (which the merged actors collect first). Returns merged job ids.
+
+    Caught up: the creating graph committed everything, and its open epoch is the main
+    graph's open epoch, so its actors already replayed every epoch before it.
+    """
+    main = lock_graph(s, MAIN_GRAPH_ID)
+    if main.state != "running":
+        return []
+    candidates = list(
+        s.execute(
+            select(Graph)
+            .where(
+                Graph.kind == "creating",
+                Graph.state == "running",
+                Graph.current_epoch == main.current_epoch,
+            )
+            .with_for_update(skip_locked=True)
+        ).scalars()
+    )
+    merged = []
+    for graph in candidates:
+        uncommitted = s.execute(
+            select(func.count()).where(Barrier.graph_id == graph.id, Barrier.state != "committed")
+        ).scalar_one()
+        if uncommitted or graph.committed_epoch < job_snapshot_epoch(s, graph):
+            continue
+        job = s.get(Job, graph.job_id)
+        assert job is not None
+        # the main graph's next barrier opens an epoch above its open one: the actors
+        # collect that barrier first, keeping the executors they have
+        s.execute(
+            update(Actor)
+            .where(Actor.graph_id == graph.id, Actor.last_epoch.is_(None))
+            .values(graph_id=MAIN_GRAPH_ID, first_epoch=main.current_epoch + 1)
+        )
+        s.execute(
+            update(Relation).where(Relation.id == job.mv_relation_id).values(graph_id=MAIN_GRAPH_ID)
+        )
+        s.execute(delete(EpochPin).where(EpochPin.holder == f"job:{job.id}"))
+        job.graph_id = MAIN_GRAPH_ID
+        job.state = "created"
+        job.finished_epoch = graph.committed_epoch
+        events.record(s, "created", job.id, epoch=graph.committed_epoch, merged=True)
+        s.flush()
+        s.delete(graph)  # its barriers, collects and stopped actors go with it
+        merged.append(job.id)
+    s.flush()
+    return merged
+
+
+def holds_main(s: Session, now_ms: int, hold_ms: int) -> bool:
+    """Whether the main graph waits before its next barrier: a creating graph sent its
+    last barrier (opening the main graph's open epoch) less than ``hold_ms`` ago and has
+    not committed it yet. Without the wait a busy job could chase the upstream forever;
+    with it the upstream pauses for about one barrier round trip of the job, once."""
+    main = s.get(Graph, MAIN_GRAPH_ID)
+    if main is None or main.state != "running":
+        return False
+    last = s.execute(
+        select(func.max(Barrier.injected_at))
+        .join(Graph, Graph.id == Barrier.graph_id)
+        .where(
+            Graph.kind == "creating",
+            Graph.state == "running",
+            Graph.current_epoch == main.current_epoch,
+            Barrier.curr_epoch == main.current_epoch,
+            Barrier.state != "committed",
+        )
+    ).scalar_one_or_none()
+    return last is not None and now_ms - int(last.timestamp() * 1000) < hold_ms
+
+
+def replay_floor(s: Session) -> int | None:
+    """The oldest upstream epoch a creating graph has still to replay after (None: none)."""
+    floor = s.execute(
+        select(func.min(func.greatest(Graph.committed_epoch, Job.snapshot_epoch)))
+        .join(Job, Job.id == Graph.job_id)
+        .where(Graph.kind == "creating")
+    ).scalar_one_or_none()
+    return None if floor is None else int(floor)
+
+
+def job_snapshot_epoch(s: Session, graph: Graph) -> int:
+    job = s.get(Job, graph.job_id)
+    assert job is not None and job.snapshot_epoch is not None
+    return job.snapshot_epoch
+
+
+def recovery_epoch(s: Session, graph: Graph) -> tuple[int, int] | None:
+    """``(curr, upstream_epoch)`` of a creating graph's initial barrier after a recovery."""
+    assert graph.job_id is not None
+    job = s.get(Job, graph.job_id)
+    assert job is not None
+    main = _main(s)
+    curr = next_epoch_of(s, job, graph.committed_epoch, main)
+    return None if curr is None else (curr, main.committed_epoch)

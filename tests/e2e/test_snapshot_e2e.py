@@ -1,0 +1,188 @@
+"""End to end for the snapshot backfill: a creating graph of its own on fake epochs while
+the snapshot is read, the upstream's epochs replayed after it, the merge into the main
+graph; exact at every epoch it replayed, and after recoveries in either phase."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+
+from service.db import Database
+from service.settings import Settings
+from spark_workers.runtime import Worker
+from tests.kit.e2e import (
+    Writer,
+    assert_exact,
+    create_job,
+    load,
+    running_cluster,
+    wait_created,
+    wait_for,
+)
+from tests.kit.live import live_server
+
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
+
+
+@pytest.fixture
+def cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
+    worker_settings = Settings(spark_min_rows=20_000, spark_epoch_rows=30_000)
+    # history is checked after the job is created: keep it
+    with running_cluster(db, fresh_db_url, worker_settings, "snap", gc_retention_ms=3_600_000) as c:
+        yield c
+
+
+def progress(http: httpx.Client, job: int) -> dict:  # type: ignore[type-arg]
+    r = http.get(f"/v1/jobs/{job}/progress")
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def gc_epoch(db: Database, table: str) -> int:
+    with db.engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT gc_epoch FROM relations WHERE name = :n"), {"n": table}
+            ).scalar_one()
+        )
+
+
+def assert_exact_at(http: httpx.Client, job: int, epochs: list[int]) -> None:
+    bad = []
+    for e in epochs:
+        v = http.get(f"/v1/jobs/{job}/verify", params={"epoch": e}).json()
+        if not v.get("equal"):
+            bad.append(
+                (
+                    epochs.index(e),
+                    v.get("mv_rows"),
+                    v.get("expected_rows"),
+                    v.get("missing", [])[:2],
+                    v.get("unexpected", [])[:2],
+                )
+            )
+    assert not bad, (len(epochs), bad[:5], bad[-5:], len(bad))
+
+
+def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
+    cluster: tuple[httpx.Client, Worker],
+) -> None:
+    http, worker = cluster
+    load(http, 60_000)
+    writer = Writer(http, "orders", 60_000, seed=21)
+    writer.thread.start()
+    phases: set[str] = set()
+    try:
+        job = create_job(
+            http,
+            "snapped",
+            "snapshot",
+            columns=["id", "amount"],
+            filter={"col": "amount", "op": ">=", "value": 20},
+        )
+        view = http.get(f"/v1/jobs/{job}").json()
+        snapshot_epoch = view["snapshot_epoch"]
+        assert view["kind"] == "snapshot" and snapshot_epoch > 0
+
+        last: dict = {}  # type: ignore[type-arg]
+
+        def created() -> bool:
+            last.update(progress(http, job))
+            phases.add(last["phase"])
+            return last["state"] == "created"
+
+        try:
+            wait_for(created, what="job created")
+        except AssertionError:
+            last.pop("vnodes")
+            raise AssertionError(f"not created: {last}, phases {phases}") from None
+        assert_exact(http, job, times=3)
+    finally:
+        writer.stop.set()
+        writer.thread.join(timeout=30)
+    assert {"snapshot", "done"} <= phases, phases
+    finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
+    assert finished > snapshot_epoch
+    # every epoch the writer wrote while the job replayed its log store is exact
+    replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
+    assert len(replayed) > 3, (len(writer.epochs), snapshot_epoch, finished)
+    assert_exact_at(http, job, [snapshot_epoch, *replayed, finished])
+    v = http.get(f"/v1/jobs/{job}/verify").json()
+    assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 20_000
+    assert worker.spark is not None and worker.spark.jobs > 0  # the snapshot went through Spark
+    # the creating graph is gone, the job lives in the main graph
+    assert http.get(f"/v1/jobs/{job}").json()["committed_epoch"] >= finished
+
+
+def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
+    db: Database, fresh_db_url: str
+) -> None:
+    settings = Settings(
+        database_url=fresh_db_url,
+        barrier_interval_ms=50,
+        worker_lease_ms=1_000,
+        spawn_embedded_worker=False,
+        gc_retention_ms=0,  # garbage collection keeps only what pins and readers need
+    )
+    backfill = str(Path(sys.executable).parent / "backfill")
+    with socket.socket() as sock:  # a port of our own, so the restarted server keeps it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = live_server(settings, db, port)
+    url = server.__enter__()
+    first = second = None
+    try:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            load(http, 20_000)
+            writer = Writer(http, "orders", 20_000, seed=22)
+            writer.thread.start()
+            first = subprocess.Popen(
+                [backfill, "worker", "--control-plane", url, "--name", "victim"]
+            )
+            try:
+                job = create_job(http, "snap_survivor", "snapshot", rate_limit=3_000)
+                wait_for(lambda: progress(http, job)["rows"] > 2_000, what="mid-snapshot")
+                assert progress(http, job)["phase"] == "snapshot"
+                first.send_signal(signal.SIGKILL)
+                first.wait(timeout=30)
+                done = writer.batches
+                wait_for(lambda: writer.batches >= done + 5, what="writes while the job is down")
+                second = subprocess.Popen(
+                    [backfill, "worker", "--control-plane", url, "--name", "heir"]
+                )
+                wait_for(lambda: progress(http, job)["rows"] > 8_000, what="the heir reading")
+                # garbage collection has run, up to the job's pin and no further
+                snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
+                wait_for(lambda: gc_epoch(db, "orders") > 0, what="a garbage collection")
+                if http.get(f"/v1/jobs/{job}").json()["state"] == "creating":
+                    assert gc_epoch(db, "orders") <= snapshot_epoch
+                r = http.patch(f"/v1/jobs/{job}", json={"parallelism": 3})
+                assert r.status_code == 200, r.text
+                # the control plane goes away and comes back on the same address
+                with writer.paused():
+                    server.__exit__(None, None, None)
+                    server = live_server(settings, db, port)
+                    assert server.__enter__() == url
+                wait_created(http, job)
+                assert_exact(http, job)
+            finally:
+                writer.stop.set()
+                writer.thread.join(timeout=30)
+            stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
+            assert stream.count("event: recovered") >= 3 and "event: created" in stream
+            assert "event: rescaled" in stream
+            assert len(progress(http, job)["vnodes"]) == 256
+    finally:
+        for p in (second, first):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
+        server.__exit__(None, None, None)

@@ -1,0 +1,22 @@
+"""Fixtures of the integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.api.app import create_app
+from service.db import Database
+from service.meta.loop import MetaLoop
+from service.settings import Settings
+
+
+@pytest.fixture
+def manual(db: Database, fresh_db_url: str) -> Iterator[tuple[TestClient, MetaLoop]]:
+    """The API without its barrier loop, and that loop to drive by hand (``tick``)."""
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, worker_lease_ms=60_000)
+    loop = MetaLoop(settings, db)
+    with TestClient(create_app(settings, db)) as client:
+        yield client, loop

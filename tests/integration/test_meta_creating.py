@@ -1,0 +1,170 @@
+"""The meta side of a snapshot backfill, with a scripted fake worker and a hand-driven
+barrier loop: fake epochs while the snapshot is read, the upstream's epochs one by one
+after it, recovery in either phase, and the merge into the main graph."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from service.catalog.models import EpochPin, Graph
+from service.db import Database
+from service.meta.creating import fake_epoch_after
+from service.meta.loop import MetaLoop
+from tests.kit.meta import FakeWorker, barriers_of, committed_epoch
+
+TABLE = {
+    "name": "orders",
+    "columns": [{"name": "id", "type": "bigint"}, {"name": "v", "type": "text"}],
+    "primary_key": ["id"],
+    "vnode_count": 8,
+}
+
+
+def collect(w: FakeWorker, state: str) -> list[dict[str, Any]]:
+    """Collect every ready barrier, every vnode reported in ``state``; returns them."""
+    seen = []
+    for a in w.poll():
+        vnodes = [v for lo, hi in a["vnodes"] for v in range(lo, hi)]
+        for b in a["barriers"]:
+            progress = {
+                "vnodes": [
+                    {"vnode": v, "state": state, "current_pos": None, "row_count": 1}
+                    for v in vnodes
+                ]
+            }
+            r = w.collect(a["actor_id"], b, progress=progress)
+            assert r.status_code == 200, r.text
+            seen.append(b | {"graph_id": a["graph_id"]})
+    return seen
+
+
+def graph_of_job(db: Database, job: int) -> Graph | None:
+    with db.transaction() as s:
+        return s.execute(select(Graph).where(Graph.job_id == job)).scalar_one_or_none()
+
+
+def main_closed_epochs(db: Database) -> list[int]:
+    return [b.prev_epoch for b in barriers_of(db, 1) if b.prev_epoch > 0]
+
+
+def test_a_snapshot_backfill_runs_apart_then_merges(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    w = FakeWorker(client).register()
+    assert client.post("/v1/tables", json=TABLE).status_code == 201
+    for _ in range(3):
+        loop.tick()  # the main graph commits epochs (it has no actors)
+    body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
+    r = client.post("/v1/jobs", json=body | {"parallelism": 2})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    snapshot_epoch = job["snapshot_epoch"]
+    assert snapshot_epoch == committed_epoch(db) > 0
+    graph = graph_of_job(db, job["id"])
+    assert graph is not None and graph.kind == "creating"
+    assert job["committed_epoch"] == 0  # the job's own graph
+
+    # phase 1: fake epochs, far below the snapshot epoch, each telling the upstream's epoch
+    loop.tick()
+    first = collect(w, "consuming")
+    assert [(b["prev"], b["curr"], b["kind"]) for b in first] == [(0, 1 << 16, "initial")] * 2
+    assert {b["upstream_epoch"] for b in first} == {committed_epoch(db)}
+    loop.tick()
+    second = collect(w, "consumed")  # the snapshot is read to its end in this epoch
+    assert {(b["prev"], b["curr"]) for b in second} == {(1 << 16, fake_epoch_after(1 << 16))}
+    assert client.get(f"/v1/jobs/{job['id']}/progress").json()["phase"] == "snapshot"
+
+    # the end of the snapshot, then the upstream's epochs one per barrier, several per tick
+    loop.tick()
+    last_fake = fake_epoch_after(1 << 16)
+    assert [(b["prev"], b["curr"]) for b in collect(w, "consumed")] == [
+        (last_fake, snapshot_epoch)
+    ] * 2
+    for _ in range(3):
+        loop.tick()  # the main graph goes on meanwhile: three more epochs to replay
+    loop.tick()
+    replay = collect(w, "consumed")
+    chain = sorted({(b["prev"], b["curr"]) for b in replay})
+    closed = [e for e in main_closed_epochs(db) if e > snapshot_epoch]
+    assert chain[0][0] == snapshot_epoch
+    assert [c for _, c in chain][:-1] == closed  # every closed upstream epoch, in order
+    assert all(p == c for (_, c), (p, _) in zip(chain, chain[1:], strict=False))
+    with db.transaction() as s:
+        main = s.get(Graph, 1)
+        assert main is not None
+        assert chain[-1] == (closed[-1], main.current_epoch)  # the last barrier: caught up
+        assert all(b["kind"] == "checkpoint" for b in replay)
+        assert s.execute(select(EpochPin).where(EpochPin.holder == f"job:{job['id']}")).first()
+
+    # recovery after the snapshot: it starts again at the epoch after the committed one
+    g = graph_of_job(db, job["id"])
+    assert g is not None
+    committed = g.committed_epoch
+    assert (
+        client.post(f"/v1/workers/{w.worker_id}/failures", json={"message": "boom"}).status_code
+        == 202
+    )
+    loop.tick()
+    again = collect(w, "consumed")
+    assert {(b["prev"], b["kind"]) for b in again} >= {(committed, "initial")}
+    initial = next(b for b in again if b["kind"] == "initial")
+    assert initial["curr"] in [*main_closed_epochs(db), graph_current(db, 1)]
+
+    # caught up and committed: the main graph's next barrier carries the actors on
+    for _ in range(20):
+        loop.tick()
+        collect(w, "consumed")
+        if graph_of_job(db, job["id"]) is None:
+            break
+    assert graph_of_job(db, job["id"]) is None, "never merged"
+    view = client.get(f"/v1/jobs/{job['id']}").json()
+    assert view["state"] == "created" and view["finished_epoch"] >= committed
+    loop.tick()
+    moved = w.poll()
+    assert {a["graph_id"] for a in moved} == {1}
+    assert all(a["barriers"] and a["restore"] is None for a in moved)  # they keep their state
+    with db.transaction() as s:
+        assert not s.execute(select(EpochPin).where(EpochPin.holder == f"job:{job['id']}")).first()
+
+
+def graph_current(db: Database, graph_id: int) -> int:
+    with db.transaction() as s:
+        g = s.get(Graph, graph_id)
+        assert g is not None
+        return g.current_epoch
+
+
+def test_a_snapshot_job_needs_a_committed_upstream_epoch(
+    manual: tuple[TestClient, MetaLoop],
+) -> None:
+    client, _ = manual
+    assert client.post("/v1/tables", json=TABLE).status_code == 201
+    body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 409, r.text
+    assert "committed epoch" in r.json()["error"]["message"]
+    assert client.get("/v1/jobs").json()["jobs"] == []  # nothing half-created
+
+
+def test_cancelling_a_snapshot_job_removes_its_graph(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    FakeWorker(client).register()
+    assert client.post("/v1/tables", json=TABLE).status_code == 201
+    for _ in range(3):
+        loop.tick()
+    body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
+    job = client.post("/v1/jobs", json=body).json()
+    loop.tick()  # the creating graph's first barrier
+    assert graph_of_job(db, job["id"]) is not None
+    assert client.delete(f"/v1/jobs/{job['id']}").status_code == 204
+    with db.transaction() as s:
+        assert [g.kind for g in s.execute(select(Graph)).scalars()] == ["main"]
+        assert not s.execute(select(EpochPin)).first()
+    assert client.get("/v1/tables/mv").status_code == 404
+    loop.tick()  # the loop goes on without it
