@@ -87,6 +87,11 @@ class VnodeRow(BaseModel):
     rows: int
 
 
+class RecoveryRow(BaseModel):
+    at: dt.datetime
+    reason: str | None
+
+
 class Progress(BaseModel):
     id: int
     state: str
@@ -112,6 +117,10 @@ class Progress(BaseModel):
     )
     log_store_lag_epochs: int | None = Field(
         description="snapshot backfill: upstream epochs committed but not replayed yet"
+    )
+    recent_recoveries: list[RecoveryRow] = Field(
+        description=f"the job graph's latest recoveries (at most {jobs.RECENT_RECOVERIES}), "
+        "newest first"
     )
     vnodes: list[VnodeRow]
 
@@ -194,7 +203,8 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
     snap = jobs.progress_snapshot(ctx.db, job_id)
     job, rows, kept = snap.job, snap.vnodes, snap.kept
     consumed = max(kept.consumed_rows if kept else 0, sum(r.row_count for r in rows))
-    total = max(snap.upstream_estimate, consumed)
+    fixed = kept.total_estimate if kept is not None else None
+    total = max(fixed or snap.upstream_estimate, consumed)
     done = job.state == "created"
     forwarding = rows and all(r.state == "completed" for r in rows)
     phase = "done" if done else ("forwarding" if forwarding else "backfilling")
@@ -217,6 +227,9 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
         snapshot_epoch=job.snapshot_epoch,
         log_store_lag_ms=log_store.lag_ms if log_store else None,
         log_store_lag_epochs=log_store.lag_epochs if log_store else None,
+        recent_recoveries=[
+            RecoveryRow(at=e.created_at, reason=e.data.get("reason")) for e in snap.recoveries
+        ],
         vnodes=[
             VnodeRow(vnode=r.vnode, state=r.state, position=r.current_pos, rows=r.row_count)
             for r in rows

@@ -23,7 +23,7 @@ _JOBS = text(
     """
     SELECT j.id, j.name, j.kind, j.state, j.paused,
            coalesce(p.consumed_rows, 0), coalesce(p.rows_per_s, 0),
-           greatest(coalesce(c.reltuples, 0), 0)
+           coalesce(p.total_estimate, greatest(coalesce(c.reltuples, 0), 0))
     FROM jobs j
     LEFT JOIN job_progress p ON p.job_id = j.id
     LEFT JOIN relations r ON r.id = j.upstream_relation_id

@@ -1,7 +1,8 @@
 """Job events: recorded in the transaction that makes them true, read as a stream.
 
 Kinds: ``job_created``, ``paused``, ``resumed``, ``throttled``, ``rescaled``,
-``recovered``, ``created`` (the backfill finished), ``cancelled`` (dropped while
+``recovered``, ``phase_changed`` (a snapshot backfill read its snapshot and replays the
+upstream's epochs since), ``created`` (the backfill finished), ``cancelled`` (dropped while
 creating), ``dropped``.
 """
 

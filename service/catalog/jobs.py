@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, func, select
@@ -24,6 +24,7 @@ from service.catalog.models import (
     Actor,
     Barrier,
     EpochPin,
+    Event,
     Graph,
     Job,
     JobProgress,
@@ -42,6 +43,7 @@ from service.meta.scheduler import place_job_actors
 AVAILABLE_KINDS = ("arrangement", "chain", "snapshot")
 PLANNED_KINDS = ("source",)
 MAX_PARALLELISM = 256
+RECENT_RECOVERIES = 5
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ def create_job(db: Database, spec: JobSpec) -> Job:
         if kind == "snapshot":
             _creating_graph(s, job, mv, upstream, committed)
         place_job_actors(s, job, up_schema.vnode_count)
+        # the total behind the percent: the upstream as the backfill starts, fixed, so
+        # the percent never goes back while the upstream grows
+        s.add(JobProgress(job_id=job.id, total_estimate=_estimate(s, job) or None))
         events.record(s, "job_created", job.id, name=job.name, backfill=kind)
         return job
 
@@ -293,6 +298,7 @@ class ProgressSnapshot:
     upstream_estimate: int
     committed_epoch: int
     log_store: LogStoreLag | None = None
+    recoveries: list[Event] = field(default_factory=list)  # the latest first
 
 
 @dataclass(frozen=True)
@@ -347,6 +353,14 @@ def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
             upstream_estimate=_estimate(s, job),
             committed_epoch=int(committed or 0),
             log_store=_log_store_lag(s, job),
+            recoveries=list(
+                s.execute(
+                    select(Event)
+                    .where(Event.job_id == job_id, Event.kind == "recovered")
+                    .order_by(Event.id.desc())
+                    .limit(RECENT_RECOVERIES)
+                ).scalars()
+            ),
         )
 
 

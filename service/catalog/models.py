@@ -237,3 +237,5 @@ class JobProgress(Base):
     window_rows: Mapped[int] = mapped_column(BigInteger, default=0)
     window_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     rows_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    # the upstream's row estimate at the job's creation (None: unknown then)
+    total_estimate: Mapped[int | None] = mapped_column(BigInteger)

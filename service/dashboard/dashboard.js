@@ -9,7 +9,7 @@ const RATE_WINDOW_MS = 3000; // rows/s is measured over at least this much time
 const SPARK_POINTS = 60;
 const MAX_EVENTS = 500;
 const EVENT_KINDS = [
-  "job_created", "paused", "resumed", "throttled", "rescaled",
+  "job_created", "paused", "resumed", "throttled", "rescaled", "phase_changed",
   "recovered", "created", "cancelled", "dropped",
 ];
 

@@ -104,7 +104,7 @@ def required_actors(graph_id: int, curr: int) -> Any:
 # collect it and how many did (this runs on every collect: keep it to one round trip).
 _PENDING = text(
     """
-    SELECT b.curr_epoch, b.prev_epoch, b.kind, b.state,
+    SELECT b.curr_epoch, b.prev_epoch, b.kind, b.state, b.upstream_epoch,
       (SELECT count(*) FROM actors a
         WHERE a.graph_id = b.graph_id AND a.first_epoch <= b.curr_epoch
           AND (a.last_epoch IS NULL OR a.last_epoch >= b.curr_epoch)) AS required,
@@ -138,23 +138,23 @@ RATE_WINDOW_MS = 5_000
 _JOB_PROGRESS = text(
     """
     INSERT INTO job_progress AS j (job_id, consumed_rows, window_rows, window_epoch, rows_per_s)
-    SELECT v.job_id, sum(v.row_count), sum(v.row_count), :prev, 0
+    SELECT v.job_id, sum(v.row_count), sum(v.row_count), :clock, 0
     FROM vnode_progress v JOIN jobs x ON x.id = v.job_id
     WHERE x.graph_id = :g AND x.state = 'creating'
     GROUP BY v.job_id
     ON CONFLICT (job_id) DO UPDATE SET
       consumed_rows = greatest(j.consumed_rows, EXCLUDED.consumed_rows),
       rows_per_s = CASE
-        WHEN ((:prev >> 16) - (j.window_epoch >> 16)) >= :window
+        WHEN ((:clock >> 16) - (j.window_epoch >> 16)) >= :window
           THEN greatest(0, greatest(j.consumed_rows, EXCLUDED.consumed_rows) - j.window_rows)
-               * 1000.0 / ((:prev >> 16) - (j.window_epoch >> 16))
+               * 1000.0 / ((:clock >> 16) - (j.window_epoch >> 16))
         ELSE j.rows_per_s END,
       window_rows = CASE
-        WHEN ((:prev >> 16) - (j.window_epoch >> 16)) >= :window
+        WHEN ((:clock >> 16) - (j.window_epoch >> 16)) >= :window
           THEN greatest(j.consumed_rows, EXCLUDED.consumed_rows) ELSE j.window_rows END,
       window_epoch = CASE
-        WHEN ((:prev >> 16) - (j.window_epoch >> 16)) >= :window
-          THEN :prev ELSE j.window_epoch END
+        WHEN ((:clock >> 16) - (j.window_epoch >> 16)) >= :window
+          THEN :clock ELSE j.window_epoch END
     """
 )
 
@@ -219,12 +219,15 @@ def try_complete(session: Session, graph: Graph) -> int | None:
     pending = session.execute(_PENDING, {"g": graph.id}).all()
     complete = 0
     commit_at = None
-    for i, (curr, prev, kind, _state, required, collected) in enumerate(pending):
+    clock = None
+    for i, (curr, prev, kind, _state, upstream, required, collected) in enumerate(pending):
         if collected < required:
             break
         complete = i + 1
         if kind in COMMIT_KINDS:
             commit_at = (curr, prev)
+            # rows/s is measured in upstream time: a creating graph's epochs are fake
+            clock = upstream if upstream is not None else prev
     newly = [row[0] for row in pending[:complete] if row[3] == "inflight"]
     if newly:
         session.execute(
@@ -239,7 +242,7 @@ def try_complete(session: Session, graph: Graph) -> int | None:
         graph.committed_epoch = max(graph.committed_epoch, prev)
         session.execute(_PERSIST_VNODES, params)
         session.execute(_PERSIST_SPLITS, params)
-        session.execute(_JOB_PROGRESS, {**params, "window": RATE_WINDOW_MS})
+        session.execute(_JOB_PROGRESS, {**params, "clock": clock, "window": RATE_WINDOW_MS})
         session.execute(_FINISH_ACTORS, params)
         finished = [(jid, {"epoch": prev}) for (jid,) in session.execute(_FINISH_JOBS, params)]
         events.record_many(session, "created", finished)

@@ -126,6 +126,8 @@ def inject(
         s.flush()
         metrics.BARRIERS_INJECTED.labels(str(graph_id), kind).inc()
         out.append(barrier)
+        if curr == job.snapshot_epoch:
+            events.record(s, "phase_changed", job.id, phase="log_store", epoch=curr)
         if prev < job.snapshot_epoch or curr == main.current_epoch:
             break  # phase 1 goes at the barrier interval; the last barrier waits
     if out:

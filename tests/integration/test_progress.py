@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from service.db import Database
 from tests.kit.meta import FakeWorker, make_job
@@ -146,3 +147,27 @@ def _settled_etag(client: TestClient, url: str) -> str:
         assert a != b, "a 200 for an unchanged view"
         assert time.monotonic() < deadline, "the view never settled"
         first = again
+
+
+def test_the_total_is_fixed_when_the_job_starts(client: TestClient, db: Database) -> None:
+    """The upstream growing afterwards does not move the total (the percent never dips)."""
+    table = {
+        "name": "grows",
+        "columns": [{"name": "id", "type": "bigint"}],
+        "primary_key": ["id"],
+    }
+    assert client.post("/v1/tables", json=table).status_code == 201
+
+    def insert(lo: int, hi: int) -> None:
+        ops = [{"op": "insert", "row": {"id": i}} for i in range(lo, hi)]
+        assert client.post("/v1/tables/grows/dml", json={"ops": ops}).status_code == 200
+        with db.engine.begin() as conn:
+            conn.execute(text("ANALYZE"))
+
+    insert(0, 1_000)
+    body = {"name": "g", "upstream": {"table": "grows"}, "backfill": "arrangement"}
+    job = client.post("/v1/jobs", json=body | {"rate_limit": 0}).json()["id"]
+    total = client.get(f"/v1/jobs/{job}/progress").json()["total_estimate"]
+    assert total == 1_000
+    insert(1_000, 5_000)
+    assert client.get(f"/v1/jobs/{job}/progress").json()["total_estimate"] == total
