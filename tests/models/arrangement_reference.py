@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.models.flow import follow
+
 Row = tuple[Any, ...]
 
 
@@ -108,19 +110,8 @@ class ArrangementReference:
                 self.finished = True
         self.buffer = []
         self.started = True
-        if mutation:
-            if mutation.get("pause"):
-                self.paused = True
-            if mutation.get("resume"):
-                self.paused = False
-            throttle = mutation.get("throttle") or {}
-            if str(actor_id) in throttle or actor_id in throttle:
-                self.rate_limit = throttle.get(str(actor_id), throttle.get(actor_id))
         self.ended = set()
-        if self.paused or self.rate_limit == 0:
-            self.budget = 0
-        elif self.rate_limit is None:
-            self.budget = None
-        else:
-            self.budget = max(1, self.rate_limit * elapsed_ms // 1000)
+        self.paused, self.rate_limit, self.budget = follow(
+            mutation, actor_id, self.paused, self.rate_limit, elapsed_ms
+        )
         return out

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.models.flow import follow
+
 Row = tuple[Any, ...]
 Change = tuple[str, Row | None, Row | None]  # (op, old, new)
 
@@ -178,20 +180,9 @@ class SnapshotReference:
             self._at(prev)
             self.phase = "done"
         self.started = True
-        if mutation:
-            if mutation.get("pause"):
-                self.paused = True
-            if mutation.get("resume"):
-                self.paused = False
-            throttle = mutation.get("throttle") or {}
-            if str(actor_id) in throttle or actor_id in throttle:
-                self.rate_limit = throttle.get(str(actor_id), throttle.get(actor_id))
-        if self.paused or self.rate_limit == 0:
-            self.budget = 0
-        elif self.rate_limit is None:
-            self.budget = None
-        else:
-            self.budget = max(1, self.rate_limit * elapsed_ms // 1000)
+        self.paused, self.rate_limit, self.budget = follow(
+            mutation, actor_id, self.paused, self.rate_limit, elapsed_ms
+        )
         return out
 
     def _at(self, epoch: int) -> None:

@@ -1,0 +1,30 @@
+"""Flow control as every reference model follows it, written from the seeds once: a
+barrier's mutation pauses, resumes or throttles the actor, then the next epoch gets a
+row budget of ``rate_limit * elapsed`` (None: no limit; at least one row when limited)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def follow(
+    mutation: dict[str, Any] | None,
+    actor_id: int,
+    paused: bool,
+    rate_limit: int | None,
+    elapsed_ms: int,
+) -> tuple[bool, int | None, int | None]:
+    """``(paused, rate_limit, budget)`` after a barrier carrying ``mutation``."""
+    if mutation:
+        if mutation.get("pause"):
+            paused = True
+        if mutation.get("resume"):
+            paused = False
+        throttle = mutation.get("throttle") or {}
+        if str(actor_id) in throttle or actor_id in throttle:
+            rate_limit = throttle.get(str(actor_id), throttle.get(actor_id))
+    if paused or rate_limit == 0:
+        return paused, rate_limit, 0
+    if rate_limit is None:
+        return paused, rate_limit, None
+    return paused, rate_limit, max(1, rate_limit * elapsed_ms // 1000)
