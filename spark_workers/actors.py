@@ -27,6 +27,30 @@ class Fenced(Exception):
         self.graph_id = graph_id
 
 
+def barrier_of(message: dict[str, Any]) -> Barrier:
+    """A barrier as the control plane sends it, as the executors take it."""
+    return Barrier(
+        EpochPair(message["prev"], message["curr"]),
+        BarrierKind(message["kind"]),
+        Mutation.from_json(message.get("mutation")),
+    )
+
+
+def fence(cur: Any, graph_id: int, recovery_seq: int, actor_id: int) -> None:
+    """Refuse to write once the graph recovered past this actor's incarnation.
+
+    The share lock makes a recovery (which rolls the MV back under an update lock on
+    the same row) wait for this write to commit; a write after it sees the new recovery
+    sequence and stops, so a zombie actor never leaves rows behind.
+    """
+    cur.execute("SELECT recovery_seq FROM graphs WHERE id = %s FOR SHARE", [graph_id])
+    row = cur.fetchone()
+    if row is None or row[0] != recovery_seq:
+        raise Fenced(
+            graph_id, f"actor {actor_id} belongs to an earlier incarnation of graph {graph_id}"
+        )
+
+
 class ActorRunner:
     """Runs an arrangement-backfill actor against the state store (driver-side path)."""
 
@@ -160,27 +184,14 @@ class ActorRunner:
     # epochs -----------------------------------------------------------------
 
     def _fence(self, cur: Any) -> None:
-        """Refuse to write once the graph recovered past this actor's incarnation.
+        fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
 
-        The share lock makes a recovery (which rolls the MV back under an update lock on
-        the same row) wait for this write to commit; a write after it sees the new
-        recovery sequence and stops, so a zombie actor never leaves rows behind.
-        """
-        cur.execute("SELECT recovery_seq FROM graphs WHERE id = %s FOR SHARE", [self.graph_id])
-        row = cur.fetchone()
-        if row is None or row[0] != self.recovery_seq:
-            raise Fenced(
-                self.graph_id,
-                f"actor {self.actor_id} belongs to an earlier incarnation of graph {self.graph_id}",
-            )
+    def has_reads(self) -> bool:
+        return self.executor.next_read(1) is not None
 
     def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
         """Complete the closing epoch (write its changes) and return the collect."""
-        barrier = Barrier(
-            EpochPair(message["prev"], message["curr"]),
-            BarrierKind(message["kind"]),
-            Mutation.from_json(message.get("mutation")),
-        )
+        barrier = barrier_of(message)
         ex = self.executor
         with conn.cursor() as cur:
             needed = ex.changes_needed(barrier)

@@ -21,6 +21,7 @@ from service.db import NO_JIT
 from service.settings import Settings, load_settings
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
+from spark_workers.source_actor import SourceRunner
 from spark_workers.spark_path import SparkPath
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,7 @@ class Worker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.capacity = capacity
         self.stop_event = threading.Event()
-        self.runners: dict[int, ActorRunner] = {}
+        self.runners: dict[int, ActorRunner | SourceRunner] = {}
         self.conn: Any = None
         self.lease_ms = 10_000
 
@@ -148,7 +149,7 @@ class Worker:
     # work -----------------------------------------------------------------
 
     def _step(self) -> None:
-        busy = any(r.executor.next_read(1) is not None for r in self.runners.values())
+        busy = any(r.has_reads() for r in self.runners.values())
         assignments = self.client.poll(timeout_ms=0 if busy else 2_000)["assignments"]
         collects = self._barriers(assignments)
         if collects:
@@ -180,8 +181,10 @@ class Worker:
                 if a["restore"] is None:
                     # its state is gone (this worker failed): only a recovery can restart it
                     raise RuntimeError(f"actor {a['actor_id']} lost its state; asking for recovery")
-                runner = ActorRunner(a)
+                runner = SourceRunner(a) if a["job"]["kind"] == "source" else ActorRunner(a)
                 self.runners[a["actor_id"]] = runner
+            if len(barriers) > 1 and isinstance(runner, SourceRunner):
+                runner.prefetch(barriers)
             for b in barriers:
                 collects.append(runner.on_barrier(self.conn, b))
         return collects
@@ -194,7 +197,8 @@ class Worker:
         eligible = [
             r
             for r in self.runners.values()
-            if (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
+            if isinstance(r, ActorRunner)
+            and (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
             and r.executor.next_read(1) is not None
         ]
         if s.spark_mode == "always":

@@ -78,3 +78,12 @@ def client(db: Database, settings: Settings) -> Iterator[object]:
 
     with TestClient(create_app(settings, db)) as c:
         yield c
+
+
+@pytest.fixture
+def kafka() -> Iterator[object]:
+    """A Kafka-protocol broker (librdkafka's mock cluster), alive for the test."""
+    from tests.kit.kafka import mock_kafka
+
+    with mock_kafka() as cluster:
+        yield cluster

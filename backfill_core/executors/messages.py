@@ -33,6 +33,8 @@ class Mutation:
     throttle: Mapping[int, int | None] = field(
         default_factory=dict
     )  # actor -> rows/s (None: no limit)
+    # split change: actor -> every split it owns from now on (None: no split change)
+    splits: Mapping[int, tuple[str, ...]] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> Mutation | None:
@@ -47,6 +49,9 @@ class Mutation:
                 int(k): (None if v is None else int(v))
                 for k, v in (data.get("throttle") or {}).items()
             },
+            splits=None
+            if data.get("splits") is None
+            else {int(a): tuple(str(s) for s in ss) for a, ss in data["splits"].items()},
         )
 
 

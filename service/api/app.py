@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 
 from service import migrate
-from service.api import dashboard, events, health, jobs, metrics, tables, workers
+from service.api import dashboard, events, health, jobs, metrics, sources, tables, workers
 from service.api.errors import install_error_handlers
 from service.context import ServiceContext
 from service.db import Database
@@ -68,6 +68,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     app.middleware("http")(_measure)
     app.include_router(health.router)
     app.include_router(tables.router)
+    app.include_router(sources.router)
     app.include_router(jobs.router)
     app.include_router(events.router)
     app.include_router(workers.router)

@@ -8,12 +8,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from service.api.conditional import NOT_MODIFIED, conditional
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.catalog import jobs
+from service.catalog import verify as verification
 from service.catalog.models import Job
 from service.context import ServiceContext
 
@@ -24,7 +25,12 @@ FOREGROUND_TIMEOUT_S = 600.0
 
 class Upstream(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    table: str = Field(max_length=63)
+    table: str | None = Field(default=None, max_length=63, description="a table or a view")
+    source: str | None = Field(default=None, max_length=63, description="a Kafka source")
+
+    @model_serializer(mode="wrap")
+    def _only_the_one_given(self, handler: Any) -> Any:
+        return {k: v for k, v in handler(self).items() if v is not None}
 
 
 class JobCreate(BaseModel):
@@ -87,6 +93,14 @@ class VnodeRow(BaseModel):
     rows: int
 
 
+class SplitRow(BaseModel):
+    split: str
+    state: Literal["backfilling", "source_caching_up", "finished"]
+    offset: int | None = Field(description="backfilled up to here (inclusive)")
+    target_offset: int | None = Field(description="the backfill ends at this offset")
+    rows: int
+
+
 class RecoveryRow(BaseModel):
     at: dt.datetime
     reason: str | None
@@ -123,15 +137,18 @@ class Progress(BaseModel):
         "newest first"
     )
     vnodes: list[VnodeRow]
+    splits: list[SplitRow] = Field(description="source backfill: per Kafka partition")
 
 
 def _view(ctx: ServiceContext, job: Job) -> JobView:
-    upstream, mv = jobs.relation_names(ctx.db, job)
+    names = jobs.relation_names(ctx.db, job)
     graph = jobs.graph_of(ctx.db, job)
     return JobView(
         id=job.id,
         name=job.name,
-        upstream=Upstream(table=upstream or ""),
+        upstream=Upstream(table=names.upstream_table, source=names.upstream_source)
+        if names.upstream_table or names.upstream_source
+        else Upstream(table=""),
         kind=job.kind,
         state=job.state,  # type: ignore[arg-type]
         paused=job.paused,
@@ -139,7 +156,7 @@ def _view(ctx: ServiceContext, job: Job) -> JobView:
         parallelism=job.parallelism,
         columns=job.columns,
         filter=job.filter,
-        mv_table=mv,
+        mv_table=names.mv,
         committed_epoch=graph.committed_epoch,
         finished_epoch=job.finished_epoch,
         snapshot_epoch=job.snapshot_epoch,
@@ -156,6 +173,7 @@ def create_job(body: JobCreate, ctx: Ctx) -> Any:
     spec = jobs.JobSpec(
         name=body.name,
         upstream_table=body.upstream.table,
+        upstream_source=body.upstream.source,
         columns=body.columns,
         filter=body.filter,
         backfill=body.backfill,
@@ -202,11 +220,16 @@ def get_job(job_id: int, ctx: Ctx, request: Request) -> Response:
 def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
     snap = jobs.progress_snapshot(ctx.db, job_id)
     job, rows, kept = snap.job, snap.vnodes, snap.kept
-    consumed = max(kept.consumed_rows if kept else 0, sum(r.row_count for r in rows))
+    consumed = max(
+        kept.consumed_rows if kept else 0,
+        sum(r.row_count for r in rows) + sum(p.num_consumed_rows for p in snap.splits),
+    )
     fixed = kept.total_estimate if kept is not None else None
     total = max(fixed or snap.upstream_estimate, consumed)
     done = job.state == "created"
-    forwarding = rows and all(r.state == "completed" for r in rows)
+    forwarding = (rows and all(r.state == "completed" for r in rows)) or (
+        snap.splits and all(p.state == "finished" for p in snap.splits)
+    )
     phase = "done" if done else ("forwarding" if forwarding else "backfilling")
     log_store = snap.log_store
     if log_store is not None and not done:
@@ -233,6 +256,16 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
         vnodes=[
             VnodeRow(vnode=r.vnode, state=r.state, position=r.current_pos, rows=r.row_count)
             for r in rows
+        ],
+        splits=[
+            SplitRow(
+                split=p.split,
+                state=p.state,  # type: ignore[arg-type]
+                offset=p.offset,
+                target_offset=p.target_offset,
+                rows=p.num_consumed_rows,
+            )
+            for p in snap.splits
         ],
     )
     return conditional(request, body)
@@ -261,8 +294,8 @@ def drop_job(job_id: int, ctx: Ctx) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/{job_id}/verify", response_model=jobs.Verification)
+@router.get("/{job_id}/verify", response_model=verification.Verification)
 def verify(
     job_id: int, ctx: Ctx, epoch: Annotated[int | None, Query(ge=1)] = None
-) -> jobs.Verification:
-    return jobs.verify(ctx.db, job_id, epoch)
+) -> verification.Verification:
+    return verification.verify(ctx.db, job_id, epoch)

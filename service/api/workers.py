@@ -42,6 +42,11 @@ class BarrierMessage(BaseModel):
         default=None,
         description="creating graphs: the upstream's committed epoch when it was injected",
     )
+    source_ranges: dict[str, list[int]] | None = Field(
+        default=None,
+        description="jobs reading a source: split -> [start, end) offsets of the source's "
+        "messages in the epoch this barrier opens",
+    )
 
 
 class ActorAssignment(BaseModel):

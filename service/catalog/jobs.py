@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,13 +11,12 @@ from sqlalchemy.orm import Session
 
 from backfill_core.epoch import lag_ms
 from backfill_core.schema import (
-    ColumnType,
     SchemaError,
     TableSchema,
     validate_identifier,
-    value_to_json,
 )
 from backfill_core.view import View
+from connectors.kafka import KafkaSpec, KafkaUnavailable, topic_watermarks
 from service.catalog import events
 from service.catalog.models import (
     Actor,
@@ -29,19 +27,22 @@ from service.catalog.models import (
     Job,
     JobProgress,
     Relation,
+    Source,
+    SplitProgress,
     VnodeProgress,
 )
+from service.catalog.sources import get_source
 from service.catalog.tables import _get as get_relation
-from service.catalog.tables import readable_epoch, storage_of
+from service.catalog.tables import storage_of
 from service.db import Database, raw_cursor
-from service.errors import Conflict, Invalid, NotFound
+from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.meta.barriers import enqueue_mutation
 from service.meta.epochs import MAIN_GRAPH_ID
 from service.meta.recovery import request_recovery
 from service.meta.scheduler import place_job_actors
+from service.meta.sources import split_key
 
-AVAILABLE_KINDS = ("arrangement", "chain", "snapshot")
-PLANNED_KINDS = ("source",)
+TABLE_KINDS = ("arrangement", "chain", "snapshot")
 MAX_PARALLELISM = 256
 RECENT_RECOVERIES = 5
 
@@ -49,24 +50,32 @@ RECENT_RECOVERIES = 5
 @dataclass(frozen=True)
 class JobSpec:
     name: str
-    upstream_table: str
+    upstream_table: str | None
     columns: Sequence[str] | None
     filter: Any
     backfill: str
     parallelism: int
     rate_limit: int | None
+    upstream_source: str | None = None
 
 
-def resolve_kind(kind: str) -> str:
+def resolve_kind(kind: str, *, source: bool = False) -> str:
+    if source:
+        if kind not in ("auto", "source"):
+            raise Invalid(
+                f"a source is backfilled with 'source' (or 'auto'), not {kind!r}",
+                {"field": "backfill"},
+            )
+        return "source"
     if kind == "auto":
         return "snapshot"  # decoupled from the upstream: the default on tables
-    if kind in PLANNED_KINDS:
+    if kind == "source":
         raise Invalid(
-            f"backfill kind {kind!r} is not available yet; "
-            "use 'snapshot', 'arrangement' or 'chain'",
+            "'source' backfill reads a source: give upstream.source, or use 'snapshot', "
+            "'arrangement' or 'chain' for a table",
             {"field": "backfill"},
         )
-    if kind not in AVAILABLE_KINDS:
+    if kind not in TABLE_KINDS:
         raise Invalid(f"unknown backfill kind {kind!r}", {"field": "backfill"})
     return kind
 
@@ -76,18 +85,36 @@ def create_job(db: Database, spec: JobSpec) -> Job:
         validate_identifier(spec.name, "job name")
     except SchemaError as e:
         raise Invalid(e.message, {"field": "name"}) from None
-    kind = resolve_kind(spec.backfill)
+    if (spec.upstream_table is None) == (spec.upstream_source is None):
+        raise Invalid(
+            "give exactly one of upstream.table and upstream.source", {"field": "upstream"}
+        )
+    kind = resolve_kind(spec.backfill, source=spec.upstream_source is not None)
+    source_total = None
+    if spec.upstream_source is not None:
+        source_total = _source_backlog(db, spec.upstream_source)
     with db.transaction() as s:
-        upstream = get_relation(s, spec.upstream_table, share=True)
-        up_schema = TableSchema.from_json(upstream.schema)
+        upstream: Relation | None = None
+        source: Source | None = None
+        if spec.upstream_source is not None:
+            source = get_source(s, spec.upstream_source, share=True)
+            up_schema = TableSchema.from_json(source.schema)
+            max_parallelism = min(MAX_PARALLELISM, len(source.start_offsets))
+            unit = "the topic's partitions"
+        else:
+            assert spec.upstream_table is not None
+            upstream = get_relation(s, spec.upstream_table, share=True)
+            up_schema = TableSchema.from_json(upstream.schema)
+            max_parallelism = min(MAX_PARALLELISM, up_schema.vnode_count)
+            unit = "the upstream's vnodes"
         columns = list(spec.columns) if spec.columns else list(up_schema.names)
         try:
             view = View.build(up_schema, columns, spec.filter)
         except SchemaError as e:
             raise Invalid(e.message, {"field": e.path}) from None
-        if not 1 <= spec.parallelism <= min(MAX_PARALLELISM, up_schema.vnode_count):
+        if not 1 <= spec.parallelism <= max_parallelism:
             raise Invalid(
-                f"parallelism must be in 1..{min(MAX_PARALLELISM, up_schema.vnode_count)}",
+                f"parallelism must be in 1..{max_parallelism} (at most {unit})",
                 {"field": "parallelism"},
             )
         taken = (
@@ -115,7 +142,8 @@ def create_job(db: Database, spec: JobSpec) -> Job:
             paused=False,
             rate_limit=spec.rate_limit,
             parallelism=spec.parallelism,
-            upstream_relation_id=upstream.id,
+            upstream_relation_id=upstream.id if upstream else None,
+            upstream_source_id=source.id if source else None,
             mv_relation_id=mv.id,
             columns=columns,
             filter=spec.filter,
@@ -124,6 +152,7 @@ def create_job(db: Database, spec: JobSpec) -> Job:
         s.add(job)
         s.flush()
         if kind in ("chain", "snapshot"):
+            assert upstream is not None
             # one fixed snapshot (and then its change logs) for the whole backfill:
             # garbage collection must keep them until the job is created
             committed = s.execute(
@@ -132,12 +161,28 @@ def create_job(db: Database, spec: JobSpec) -> Job:
             s.add(EpochPin(relation_id=upstream.id, holder=f"job:{job.id}", epoch=committed))
         if kind == "snapshot":
             _creating_graph(s, job, mv, upstream, committed)
-        place_job_actors(s, job, up_schema.vnode_count)
+        place_job_actors(s, job, up_schema.vnode_count, splits=_splits_of(source))
         # the total behind the percent: the upstream as the backfill starts, fixed, so
         # the percent never goes back while the upstream grows
-        s.add(JobProgress(job_id=job.id, total_estimate=_estimate(s, job) or None))
+        total = source_total if source is not None else _estimate(s, job)
+        s.add(JobProgress(job_id=job.id, total_estimate=total or None))
         events.record(s, "job_created", job.id, name=job.name, backfill=kind)
         return job
+
+
+def _splits_of(source: Source | None) -> list[str] | None:
+    return None if source is None else sorted(source.start_offsets, key=split_key)
+
+
+def _source_backlog(db: Database, name: str) -> int:
+    """Messages a source job backfills: the topic's size as the job starts."""
+    with db.transaction() as s:
+        spec = KafkaSpec.from_json(get_source(s, name).kafka)
+    try:
+        marks = topic_watermarks(spec)
+    except KafkaUnavailable as e:
+        raise Unavailable(str(e), {"field": "upstream.source"}, code="kafka_unavailable") from None
+    return sum(high - low for low, high in marks.values())
 
 
 def _creating_graph(s: Session, job: Job, mv: Relation, upstream: Relation, committed: int) -> None:
@@ -203,11 +248,19 @@ def list_jobs(
         return list(s.execute(q).scalars())
 
 
-def relation_names(db: Database, job: Job) -> tuple[str | None, str | None]:
+@dataclass(frozen=True)
+class JobNames:
+    upstream_table: str | None
+    upstream_source: str | None
+    mv: str | None
+
+
+def relation_names(db: Database, job: Job) -> JobNames:
     with db.transaction() as s:
         up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
+        src = s.get(Source, job.upstream_source_id) if job.upstream_source_id else None
         mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
-        return (up.name if up else None, mv.name if mv else None)
+        return JobNames(up.name if up else None, src.name if src else None, mv.name if mv else None)
 
 
 def set_paused(db: Database, job_id: int, paused: bool) -> Job:
@@ -239,19 +292,29 @@ def update_job(
             enqueue_mutation(s, job.graph_id, {"throttle": {str(a): rate_limit for a in actors}})
             events.record(s, "throttled", job.id, rate_limit=rate_limit)
         if parallelism is not None and parallelism != job.parallelism:
-            up = s.get(Relation, job.upstream_relation_id)
-            assert up is not None
-            vnode_count = int(up.schema["vnode_count"])
-            if not 1 <= parallelism <= min(MAX_PARALLELISM, vnode_count):
+            splits: list[str] | None = None
+            if job.upstream_source_id is not None:
+                # every split the job's actors own now (partitions added since included)
+                owned = s.execute(
+                    select(Actor.splits).where(Actor.job_id == job.id, Actor.last_epoch.is_(None))
+                ).scalars()
+                splits = sorted({x for part in owned for x in part}, key=split_key)
+                vnode_count, most = 0, len(splits)
+            else:
+                up = s.get(Relation, job.upstream_relation_id)
+                assert up is not None
+                vnode_count = most = int(up.schema["vnode_count"])
+            if not 1 <= parallelism <= min(MAX_PARALLELISM, most):
                 raise Invalid(
-                    f"parallelism must be in 1..{min(MAX_PARALLELISM, vnode_count)}",
+                    f"parallelism must be in 1..{min(MAX_PARALLELISM, most)}",
                     {"field": "parallelism"},
                 )
             # rescale through recovery: the new actors restart from the committed
-            # per-vnode progress at the same initial barrier, after the MV rolled back
+            # per-vnode (per-split) progress at the same initial barrier, after the MV
+            # rolled back
             s.execute(delete(Actor).where(Actor.job_id == job.id))
             job.parallelism = parallelism
-            place_job_actors(s, job, vnode_count, at_recovery=True)
+            place_job_actors(s, job, vnode_count, at_recovery=True, splits=splits)
             request_recovery(s, job.graph_id, "rescale")
             events.record(s, "rescaled", job.id, parallelism=parallelism)
         return job
@@ -284,8 +347,14 @@ def drop_job(db: Database, job_id: int) -> None:
 
 
 def graph_of(db: Database, job: Job) -> Graph:
+    """The job's graph now (a snapshot backfill may have merged since ``job`` was read)."""
     with db.transaction() as s:
-        return s.execute(select(Graph).where(Graph.id == job.graph_id)).scalar_one()
+        graph = s.execute(
+            select(Graph).join(Job, Job.graph_id == Graph.id).where(Job.id == job.id)
+        ).scalar_one_or_none()
+        if graph is None:
+            raise NotFound(f"job {job.id} does not exist", {"job_id": job.id})
+        return graph
 
 
 @dataclass(frozen=True)
@@ -294,6 +363,7 @@ class ProgressSnapshot:
 
     job: Job
     vnodes: list[VnodeProgress]
+    splits: list[SplitProgress]
     kept: JobProgress | None
     upstream_estimate: int
     committed_epoch: int
@@ -346,9 +416,14 @@ def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
         committed = s.execute(
             select(Graph.committed_epoch).where(Graph.id == job.graph_id)
         ).scalar_one_or_none()
+        splits = sorted(
+            s.execute(select(SplitProgress).where(SplitProgress.job_id == job_id)).scalars(),
+            key=lambda p: split_key(p.split),
+        )
         return ProgressSnapshot(
             job=job,
             vnodes=vnodes,
+            splits=splits,
             kept=s.get(JobProgress, job_id),
             upstream_estimate=_estimate(s, job),
             committed_epoch=int(committed or 0),
@@ -361,13 +436,6 @@ def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
                     .limit(RECENT_RECOVERIES)
                 ).scalars()
             ),
-        )
-
-
-def committed_epoch_of(db: Database, job: Job) -> int:
-    with db.transaction() as s:
-        return int(
-            s.execute(select(Graph.committed_epoch).where(Graph.id == job.graph_id)).scalar_one()
         )
 
 
@@ -388,66 +456,3 @@ def _estimate(s: Session, job: Job) -> int:
     )
     row = cur.fetchone()
     return max(0, int(row[0])) if row and row[0] is not None else 0
-
-
-def _hashable(row: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple(json.dumps(v, sort_keys=True) if isinstance(v, dict | list) else v for v in row)
-
-
-@dataclass(frozen=True)
-class Verification:
-    epoch: int
-    equal: bool
-    mv_rows: int
-    expected_rows: int
-    missing: list[dict[str, Any]]
-    unexpected: list[dict[str, Any]]
-
-
-def verify(db: Database, job_id: int, epoch: int | None, sample: int = 10) -> Verification:
-    """Compare the MV at a committed epoch with the view of the upstream at that epoch."""
-    with db.transaction() as s:
-        job = _job(s, job_id)
-        committed = int(
-            s.execute(select(Graph.committed_epoch).where(Graph.id == job.graph_id)).scalar_one()
-        )
-        up = s.get(Relation, job.upstream_relation_id)
-        mv = s.get(Relation, job.mv_relation_id)
-        assert up is not None and mv is not None
-        epoch = readable_epoch(epoch, committed, max(up.gc_epoch, mv.gc_epoch))
-        up_table, mv_table = storage_of(up), storage_of(mv)
-        view = View.build(up_table.schema, job.columns, job.filter)
-        cur = raw_cursor(s)
-        full = (0, up_table.schema.vnode_count)
-        expected = {
-            _hashable(r) for r in view.rows([r for _, r in up_table.snapshot(cur, epoch, full)])
-        }
-        actual = [_hashable(r) for _, r in mv_table.snapshot(cur, epoch, full)]
-        actual_set = set(actual)
-        duplicates = len(actual) != len(actual_set)
-        schema = mv_table.schema
-
-        def show(rows: set[Any]) -> list[dict[str, Any]]:
-            return [
-                schema.row_to_json(dict(zip(schema.names, r, strict=True)))
-                for r in sorted(rows, key=repr)[:sample]
-            ]
-
-        missing, unexpected = expected - actual_set, actual_set - expected
-        return Verification(
-            epoch=epoch,
-            equal=not missing and not unexpected and not duplicates,
-            mv_rows=len(actual),
-            expected_rows=len(expected),
-            missing=show(missing),
-            unexpected=show(unexpected),
-        )
-
-
-def _jsonish(t: ColumnType, v: Any) -> Any:
-    if t is ColumnType.JSONB and isinstance(v, str):
-        try:
-            return json.loads(v)
-        except ValueError:
-            return v
-    return value_to_json(t, v)

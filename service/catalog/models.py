@@ -63,8 +63,21 @@ class Source(Base):
     kafka: Mapped[dict[str, Any]]
     format: Mapped[str] = mapped_column(Text)
     schema: Mapped[dict[str, Any]]
-    rate_limit: Mapped[int | None] = mapped_column(Integer)
+    rate_limit: Mapped[int | None] = mapped_column(Integer)  # messages/s over all partitions
+    # split -> the offset the shared source starts at (the topic's end at creation)
+    start_offsets: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     created_at: Mapped[dt.datetime] = _now()
+
+
+class SourceOffsets(Base):
+    """Where a source is at the end of an epoch (a row only when it moved)."""
+
+    __tablename__ = "source_offsets"
+    source_id: Mapped[int] = mapped_column(
+        ForeignKey("sources.id", ondelete="CASCADE"), primary_key=True
+    )
+    epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    offsets: Mapped[dict[str, Any]]  # split -> end offset (exclusive)
 
 
 class Graph(Base):

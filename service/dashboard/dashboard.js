@@ -325,6 +325,25 @@ function renderJob(job, progress) {
   ]);
 
   renderHeatmap(progress.vnodes || []);
+  renderSplits(progress.splits || []);
+}
+
+// A source job's partitions: one row each (a source has no vnodes to draw).
+function renderSplits(splits) {
+  $("splits-card").hidden = splits.length === 0;
+  $("splits").replaceChildren(
+    ...splits.map((p) =>
+      el(
+        "tr",
+        { class: p.state },
+        el("td", { class: "num" }, p.split),
+        el("td", {}, p.state.replaceAll("_", " ")),
+        el("td", { class: "num" }, p.offset === null ? "–" : fmtInt(p.offset)),
+        el("td", { class: "num" }, p.target_offset === null ? "–" : fmtInt(p.target_offset)),
+        el("td", { class: "num" }, fmtInt(p.rows)),
+      ),
+    ),
+  );
 }
 
 function renderHeatmap(vnodes) {

@@ -14,10 +14,12 @@ from typing import Any
 from sqlalchemy import and_, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
+from backfill_core.epoch import physical_time
 from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
-from service.meta import metrics
+from service.meta import metrics, sources
 from service.meta.epochs import next_epoch
+from service.meta.sources import Marks
 
 COMMIT_KINDS = ("checkpoint", "initial")
 
@@ -27,9 +29,18 @@ def lock_graph(session: Session, graph_id: int) -> Graph:
 
 
 def inject(
-    session: Session, graph_id: int, now_ms: int, *, checkpoint_frequency: int, max_inflight: int
+    session: Session,
+    graph_id: int,
+    now_ms: int,
+    *,
+    checkpoint_frequency: int,
+    max_inflight: int,
+    source_marks: Marks | None = None,
 ) -> Barrier | None:
-    """Inject the next barrier into a running graph (None when held back)."""
+    """Inject the next barrier into a running graph (None when held back).
+
+    With ``source_marks`` (the main graph) the barrier also fixes how far each source
+    advances in the epoch it opens."""
     graph = lock_graph(session, graph_id)
     if graph.state != "running":
         return None
@@ -46,6 +57,11 @@ def inject(
     else:
         kind = "checkpoint" if graph.barrier_seq % checkpoint_frequency == 0 else "barrier"
     mutation = _pop_mutation(session, graph_id)
+    if source_marks is not None:
+        elapsed = max(0, physical_time(curr) - physical_time(prev)) if prev else 0
+        split_change = sources.advance(session, prev, curr, elapsed, source_marks)
+        if split_change:
+            mutation = {**(mutation or {}), "splits": split_change}
     if mutation:
         _apply_lifetimes(session, mutation, curr)
     barrier = Barrier(
@@ -138,8 +154,10 @@ RATE_WINDOW_MS = 5_000
 _JOB_PROGRESS = text(
     """
     INSERT INTO job_progress AS j (job_id, consumed_rows, window_rows, window_epoch, rows_per_s)
-    SELECT v.job_id, sum(v.row_count), sum(v.row_count), :clock, 0
-    FROM vnode_progress v JOIN jobs x ON x.id = v.job_id
+    SELECT v.job_id, sum(v.n), sum(v.n), :clock, 0
+    FROM (SELECT job_id, row_count AS n FROM vnode_progress
+          UNION ALL SELECT job_id, num_consumed_rows FROM split_progress) v
+    JOIN jobs x ON x.id = v.job_id
     WHERE x.graph_id = :g AND x.state = 'creating'
     GROUP BY v.job_id
     ON CONFLICT (job_id) DO UPDATE SET

@@ -17,9 +17,11 @@ clock in phase 1 and its lag in phase 2.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
+from backfill_core.epoch import lag_ms
+from backfill_core.executors.snapshot import upstream_may_advance
 from backfill_core.schema import TableSchema
 from service.catalog import events
 from service.catalog.models import (
@@ -207,6 +209,37 @@ def holds_main(s: Session, now_ms: int, hold_ms: int) -> bool:
         )
     ).scalar_one_or_none()
     return last is not None and now_ms - int(last.timestamp() * 1000) < hold_ms
+
+
+# the newest report of every actor of a creating graph that is replaying the log store
+_REPLAY_REPORTS = text(
+    """
+    SELECT DISTINCT ON (c.actor_id)
+           c.progress->>'max_pending_epoch_lag_ms', c.progress->>'consumed_epoch',
+           c.progress->>'phase'
+    FROM barrier_collects c JOIN graphs g ON g.id = c.graph_id
+    WHERE g.kind = 'creating' AND g.state = 'running'
+    ORDER BY c.actor_id, c.curr_epoch DESC
+    """
+)
+
+
+def lag_capped(s: Session) -> bool:
+    """The seed's lag cap: whether a snapshot backfill replaying the upstream's epochs is
+    so far behind that the upstream may not seal another epoch yet (back-pressure).
+
+    Each actor reports its cap (``max_pending_epoch_lag_ms``), which shrinks by half the
+    distance of every epoch it replays, so a job that replays more slowly than the
+    upstream seals epochs holds the upstream back until it catches up, then merges."""
+    main = s.get(Graph, MAIN_GRAPH_ID)
+    if main is None:
+        return False
+    for cap, consumed, phase in s.execute(_REPLAY_REPORTS):
+        if phase != "log_store" or cap is None or consumed is None:
+            continue
+        if not upstream_may_advance(lag_ms(main.committed_epoch, int(consumed)), int(cap)):
+            return True
+    return False
 
 
 def replay_floor(s: Session) -> int | None:

@@ -17,7 +17,7 @@ from service import migrate
 from service.catalog.models import Barrier, Graph
 from service.clock import Clock, system_clock
 from service.db import Database
-from service.meta import barriers, creating, gc, metrics, recovery
+from service.meta import barriers, creating, gc, metrics, recovery, sources
 from service.meta.signal import BarrierSignal
 from service.meta.spawner import EmbeddedWorkerSpawner
 from service.settings import Settings
@@ -38,8 +38,10 @@ class MetaLoop:
         clock: Clock = system_clock,
         signal: BarrierSignal | None = None,
         spawner: EmbeddedWorkerSpawner | None = None,
+        watcher: sources.SourceWatcher | None = None,
     ) -> None:
         self.spawner = spawner
+        self.watcher = watcher or sources.SourceWatcher(db, settings.barrier_interval_ms / 1000)
         self.signal = signal or BarrierSignal()
         self.settings = settings
         self.db = db
@@ -125,7 +127,7 @@ class MetaLoop:
                 else:
                     for job_id in creating.merge_caught_up(s):
                         log.info("job %s caught up with its upstream: merged", job_id)
-                    if creating.holds_main(s, now, MERGE_HOLD_MS):
+                    if creating.holds_main(s, now, MERGE_HOLD_MS) or creating.lag_capped(s):
                         continue
                     barriers.inject(
                         s,
@@ -133,6 +135,7 @@ class MetaLoop:
                         now,
                         checkpoint_frequency=self.settings.checkpoint_frequency,
                         max_inflight=self.settings.max_pending_barriers,
+                        source_marks=self.watcher.marks(),
                     )
         self.signal.notify()
         self.ticks += 1
@@ -141,6 +144,8 @@ class MetaLoop:
                 with self.db.transaction() as s:
                     floor = creating.replay_floor(s) if kind == "main" else None
                     barriers.trim_history(s, graph_id, keep_after=floor)
+            with self.db.transaction() as s:
+                sources.trim(s)
             gc.run_gc(self.db, self.settings.gc_retention_ms)
 
     def run(self) -> None:
@@ -165,6 +170,7 @@ class MetaLoop:
         self._drop_lock_conn(stopping=True)
 
     def start(self) -> None:
+        self.watcher.start()
         self._thread = threading.Thread(target=self.run, name="barrier-loop", daemon=True)
         self._thread.start()
 
@@ -172,5 +178,6 @@ class MetaLoop:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self.watcher.stop()
         if self.spawner is not None:
             self.spawner.stop()

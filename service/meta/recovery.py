@@ -21,7 +21,7 @@ from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, Job, Relation, Worker
 from service.catalog.tables import storage_of
 from service.db import raw_cursor
-from service.meta import creating, metrics
+from service.meta import creating, metrics, sources
 from service.meta.barriers import lock_graph
 from service.meta.epochs import next_epoch
 from service.meta.scheduler import reassign
@@ -103,6 +103,8 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
         )
     )
     session.execute(delete(Barrier).where(Barrier.graph_id == graph_id, forgotten))
+    if graph.kind == "main":
+        sources.rollback(session, committed)
     cur = raw_cursor(session)
     for rel in session.execute(
         select(Relation).where(Relation.graph_id == graph_id, Relation.kind == "mv")

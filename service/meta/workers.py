@@ -17,6 +17,8 @@ from service.catalog.models import (
     Graph,
     Job,
     Relation,
+    Source,
+    SplitProgress,
     VnodeProgress,
     Worker,
 )
@@ -25,6 +27,7 @@ from service.errors import Conflict, Gone, NotFound
 from service.meta.barriers import CollectResult, lock_graph, try_complete
 from service.meta.recovery import request_recovery
 from service.meta.signal import BarrierSignal
+from service.meta.sources import epoch_ranges
 
 RECHECK_S = 0.05
 
@@ -111,6 +114,7 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
 
 def _job_spec(s: Session, job: Job) -> dict[str, Any]:
     up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
+    src = s.get(Source, job.upstream_source_id) if job.upstream_source_id else None
     mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
     return {
         "id": job.id,
@@ -118,7 +122,8 @@ def _job_spec(s: Session, job: Job) -> dict[str, Any]:
         "kind": job.kind,
         "state": job.state,
         "upstream_table": up.storage_table if up else None,
-        "upstream_schema": up.schema if up else None,
+        "upstream_schema": up.schema if up else (src.schema if src else None),
+        "source": {"id": src.id, "kafka": src.kafka} if src else None,
         "mv_table": mv.storage_table if mv else None,
         "mv_schema": mv.schema if mv else None,
         "columns": job.columns,
@@ -177,6 +182,7 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
             lst.append(b)
     specs: dict[int, dict[str, Any]] = {}
     upstreams: dict[int, list[int]] = {}
+    ranges: dict[tuple[int, int, int], dict[str, tuple[int, int]]] = {}
     for actor, graph, job in actors:
         barriers = by_actor.get(actor.id, [])
         if actor.last_epoch is not None and not barriers:
@@ -200,6 +206,9 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
         restore = None
         if ready and (ready[0]["kind"] == "initial" or ready[0]["curr"] == actor.first_epoch):
             restore = _restore(s, actor)
+        if job.upstream_source_id is not None:
+            for b in ready:
+                b["source_ranges"] = _source_ranges(s, job.upstream_source_id, b, ranges)
         out.append(
             Assignment(
                 actor_id=actor.id,
@@ -216,8 +225,41 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
     return out
 
 
+def _source_ranges(
+    s: Session,
+    source_id: int,
+    barrier: dict[str, Any],
+    cache: dict[tuple[int, int, int], dict[str, tuple[int, int]]],
+) -> dict[str, list[int]]:
+    """split -> [start, end) of the source's rows in the epoch the barrier opens."""
+    key = (source_id, barrier["prev"], barrier["curr"])
+    if key not in cache:
+        src = s.get(Source, source_id)
+        cache[key] = {} if src is None else epoch_ranges(s, src, *key[1:])
+    return {split: list(r) for split, r in cache[key].items()}
+
+
 def _restore(s: Session, actor: Actor) -> dict[str, Any]:
-    """Committed progress of the actor's vnodes, to restart from."""
+    """Committed progress of the actor's vnodes (or splits), to restart from."""
+    if actor.splits:
+        rows = s.execute(
+            select(SplitProgress).where(
+                SplitProgress.job_id == actor.job_id, SplitProgress.split.in_(actor.splits)
+            )
+        ).scalars()
+        return {
+            "splits": [
+                {
+                    "split": p.split,
+                    "state": p.state,
+                    "offset": p.offset,
+                    "num_consumed_rows": p.num_consumed_rows,
+                    "target_offset": p.target_offset,
+                }
+                for p in rows
+            ],
+            "finished": actor.state == "finished",
+        }
     vnodes = [v for lo, hi in actor.vnodes for v in range(lo, hi)]
     rows = s.execute(
         select(VnodeProgress).where(

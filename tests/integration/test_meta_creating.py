@@ -168,3 +168,57 @@ def test_cancelling_a_snapshot_job_removes_its_graph(
         assert not s.execute(select(EpochPin)).first()
     assert client.get("/v1/tables/mv").status_code == 404
     loop.tick()  # the loop goes on without it
+
+
+def collect_reporting(w: FakeWorker, report: dict[str, Any], most: int = 1) -> None:
+    """Collect the first ``most`` ready barriers of each actor, every vnode consumed and
+    ``report`` besides (the job replays slowly: it stays behind the upstream)."""
+    for a in w.poll():
+        vnodes = [v for lo, hi in a["vnodes"] for v in range(lo, hi)]
+        for b in a["barriers"][:most]:
+            progress = {
+                "vnodes": [
+                    {"vnode": v, "state": "consumed", "current_pos": None, "row_count": 1}
+                    for v in vnodes
+                ]
+            } | report
+            assert w.collect(a["actor_id"], b, progress=progress).status_code == 200
+
+
+def test_a_lagging_log_store_replay_holds_the_upstream_back(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    w = FakeWorker(client).register()
+    assert client.post("/v1/tables", json=TABLE).status_code == 201
+    for _ in range(3):
+        loop.tick()
+    body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
+    assert client.post("/v1/jobs", json=body | {"parallelism": 1}).status_code == 202
+    loop.tick()
+    collect(w, "consumed")
+    loop.tick()
+    collect(w, "consumed")  # {last fake, snapshot epoch}: the log store starts
+    main_before = graph_current(db, 1)
+    # the job says it replayed only the snapshot epoch, with a cap the lag exceeds
+    with db.transaction() as s:
+        main = s.get(Graph, 1)
+        assert main is not None
+        consumed = main.committed_epoch - (5_000 << 16)  # 5 s behind the upstream
+    loop.tick()
+    collect_reporting(
+        w, {"phase": "log_store", "consumed_epoch": consumed, "max_pending_epoch_lag_ms": 1_000}
+    )
+    held = graph_current(db, 1)
+    loop.tick()
+    assert graph_current(db, 1) == held > main_before  # held back: no new upstream epoch
+    loop.tick()
+    assert graph_current(db, 1) == held  # still held while the job does not move
+    # once the job replays everything it merges, and the upstream goes on
+    collect_reporting(
+        w,
+        {"phase": "log_store", "consumed_epoch": consumed, "max_pending_epoch_lag_ms": 1_000},
+        most=100,
+    )
+    loop.tick()
+    assert graph_current(db, 1) > held

@@ -149,7 +149,13 @@ def create_job(http: httpx.Client, name: str, kind: str = "arrangement", **extra
 
 
 def wait_created(http: httpx.Client, job: int) -> None:
-    wait_for(lambda: http.get(f"/v1/jobs/{job}").json()["state"] == "created", what="job created")
+    try:
+        wait_for(
+            lambda: http.get(f"/v1/jobs/{job}").json()["state"] == "created", what="job created"
+        )
+    except AssertionError as e:  # say where it stood
+        progress = http.get(f"/v1/jobs/{job}/progress").json()
+        raise AssertionError(f"{e}; job {http.get(f'/v1/jobs/{job}').json()}; {progress}") from None
 
 
 def assert_exact(http: httpx.Client, job: int, times: int = 2) -> None:

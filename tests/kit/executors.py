@@ -64,3 +64,20 @@ epoch_histories = st.lists(
     min_size=2,
     max_size=14,
 )
+
+
+# source backfill: a second actor of the same job, and Kafka offsets with holes
+OTHER_ACTOR = 8
+
+
+def offsets_from_gaps(gaps: list[int], after: int = -1) -> list[int]:
+    """Ascending offsets after ``after``, each ``gap`` past the previous one (1: no hole)."""
+    out = []
+    for g in gaps:
+        after += g
+        out.append(after)
+    return out
+
+
+# per partition: the offsets' gaps (an empty list is an empty partition)
+offset_gaps = st.lists(st.integers(1, 3), max_size=8)

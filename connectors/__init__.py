@@ -1,0 +1,1 @@
+"""Clients of the external systems sources read from (Kafka)."""

@@ -1,0 +1,228 @@
+"""Kafka, as the sources use it: topic metadata, watermarks, and reads by offset range.
+
+Both sides use it: the control plane asks for partitions and high watermarks (to
+advance the shared source at each barrier and to validate a new source), the workers
+read messages by offset (the upstream rows of an epoch and the backfill). Every call
+has a deadline: an unreachable broker is an error, never a hang.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import confluent_kafka as ck
+
+from backfill_core.schema import Column, ColumnType, SchemaError, TableSchema, coerce_value
+
+log = logging.getLogger(__name__)
+_librdkafka_log = logging.getLogger("librdkafka")
+
+PARTITION_COLUMN = "_partition"
+OFFSET_COLUMN = "_offset"
+METADATA_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+# client settings a source may not override: they are how the service reads
+RESERVED_PROPERTIES = frozenset(
+    {"bootstrap.servers", "group.id", "enable.auto.commit", "logger", "enable.partition.eof"}
+)
+
+
+class KafkaUnavailable(Exception):
+    """The brokers cannot be reached, or the topic does not exist."""
+
+
+@dataclass(frozen=True)
+class KafkaSpec:
+    bootstrap_servers: str
+    topic: str
+    properties: Mapping[str, str]
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> KafkaSpec:
+        return cls(
+            str(data["bootstrap_servers"]),
+            str(data["topic"]),
+            {str(k): str(v) for k, v in (data.get("properties") or {}).items()},
+        )
+
+    def consumer_config(self) -> dict[str, Any]:
+        return {
+            # reads are short and bounded: a long-polling fetch at a partition's end
+            # would hold up the next assignment by up to this long
+            "fetch.wait.max.ms": 20,
+            **self.properties,
+            "bootstrap.servers": self.bootstrap_servers,
+            # offsets are the service's own state (committed with epochs), never Kafka's
+            "group.id": "mv-backfill",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "logger": _librdkafka_log,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    partition: int
+    offset: int
+    value: bytes | None
+
+
+class KafkaClient:
+    """One consumer for one topic; not thread-safe (one per thread)."""
+
+    def __init__(self, spec: KafkaSpec) -> None:
+        self.spec = spec
+        self._consumer = ck.Consumer(spec.consumer_config())
+
+    def close(self) -> None:
+        self._consumer.close()
+
+    def partitions(self, timeout: float = METADATA_TIMEOUT_S) -> list[int]:
+        try:
+            md = self._consumer.list_topics(self.spec.topic, timeout=timeout)
+        except ck.KafkaException as e:
+            raise KafkaUnavailable(
+                f"Kafka at {self.spec.bootstrap_servers!r} is unreachable: {e.args[0].str()}"
+            ) from None
+        topic = md.topics.get(self.spec.topic)
+        if topic is None or topic.error is not None or not topic.partitions:
+            why = topic.error.str() if topic is not None and topic.error else "no partitions"
+            raise KafkaUnavailable(f"topic {self.spec.topic!r} is not available: {why}")
+        return sorted(topic.partitions)
+
+    def watermarks(
+        self, partitions: Sequence[int] | None = None, timeout: float = METADATA_TIMEOUT_S
+    ) -> dict[int, tuple[int, int]]:
+        """partition -> (low, high): the first offset, and one past the last."""
+        parts = self.partitions(timeout) if partitions is None else partitions
+        out = {}
+        for p in parts:
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    ck.TopicPartition(self.spec.topic, p), timeout=timeout, cached=False
+                )
+            except ck.KafkaException as e:
+                raise KafkaUnavailable(f"watermarks of partition {p}: {e.args[0].str()}") from None
+            out[p] = (int(low), int(high))
+        return out
+
+    def read(
+        self, partition: int, start: int | None, stop: int, limit: int | None = None
+    ) -> list[Message]:
+        """Messages of ``partition`` from ``start`` (None: the earliest) up to ``stop``
+        (exclusive), at most ``limit``; offsets may have gaps (compaction, markers)."""
+        return self.read_ranges({partition: (start, stop, limit)})[partition]
+
+    def read_ranges(
+        self, ranges: Mapping[int, tuple[int | None, int, int | None]]
+    ) -> dict[int, list[Message]]:
+        """``read`` of several partitions at once (one assignment, one fetch stream):
+        partition -> (start, stop, limit)."""
+        out: dict[int, list[Message]] = {p: [] for p in ranges}
+        lows = [p for p, (start, _, _) in ranges.items() if start is None]
+        earliest = self.watermarks(lows) if lows else {}
+        todo: dict[int, tuple[int, int, int | None]] = {}
+        for p, (start, stop, limit) in ranges.items():
+            first = earliest[p][0] if start is None else start
+            if first < stop and (limit is None or limit > 0):
+                todo[p] = (first, stop, limit)
+        if not todo:
+            return out
+        topic = self.spec.topic
+        following = {p: first for p, (first, _, _) in todo.items()}  # next offset to expect
+
+        def done(p: int) -> bool:
+            _, stop, limit = todo[p]
+            return following[p] >= stop or (limit is not None and len(out[p]) >= limit)
+
+        self._consumer.assign(
+            [ck.TopicPartition(topic, p, first) for p, (first, _, _) in todo.items()]
+        )
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        paused: set[int] = set()
+        try:
+            while True:
+                active = [p for p in todo if not done(p)]
+                finished = [p for p in todo if p not in paused and p not in active]
+                if finished:  # stop fetching what is not needed any more
+                    self._consumer.pause([ck.TopicPartition(topic, p) for p in finished])
+                    paused.update(finished)
+                if not active:
+                    return out
+                # never ask for more than the ranges can hold: consume() waits for the
+                # full count (or its timeout)
+                want = 0
+                for p in active:
+                    _, stop, limit = todo[p]
+                    room = stop - following[p]
+                    want += room if limit is None else min(room, limit - len(out[p]))
+                for m in self._consumer.consume(min(10_000, want), timeout=0.2):
+                    if m.error() is not None:
+                        raise KafkaUnavailable(f"reading {topic}: {m.error().str()}")
+                    p = m.partition()
+                    if p not in todo or m.offset() < following[p] or done(p):
+                        continue  # left over from an earlier assignment, or beyond the range
+                    if m.offset() >= todo[p][1]:
+                        following[p] = todo[p][1]
+                        continue
+                    out[p].append(Message(p, m.offset(), m.value()))
+                    following[p] = m.offset() + 1
+                for tp in self._consumer.position([ck.TopicPartition(topic, p) for p in active]):
+                    if tp.offset > following[tp.partition]:
+                        following[tp.partition] = tp.offset  # a gap: no messages there
+                if time.monotonic() > deadline:
+                    raise KafkaUnavailable(
+                        f"{topic}: offsets {dict(following)} not readable within "
+                        f"{READ_TIMEOUT_S:.0f}s"
+                    )
+        finally:
+            if paused:  # pausing outlives the assignment: undo it for the next read
+                self._consumer.resume([ck.TopicPartition(topic, p) for p in paused])
+            self._consumer.unassign()
+
+
+def topic_watermarks(spec: KafkaSpec) -> dict[int, tuple[int, int]]:
+    """Every partition's (low, high) with a client of its own (raises KafkaUnavailable)."""
+    client = KafkaClient(spec)
+    try:
+        return client.watermarks()
+    finally:
+        client.close()
+
+
+def source_schema(columns: Sequence[Any], vnode_count: int) -> TableSchema:
+    """The row a message becomes: its JSON fields, then its partition and offset (the key)."""
+    cols = [*columns, Column(PARTITION_COLUMN, ColumnType.INT, False)]
+    cols.append(Column(OFFSET_COLUMN, ColumnType.BIGINT, False))
+    return TableSchema.build(
+        cols, (PARTITION_COLUMN, OFFSET_COLUMN), None, vnode_count, allow_internal=True
+    )
+
+
+def parse_row(schema: TableSchema, message: Message) -> tuple[Any, ...]:
+    """A message as a row of ``schema``: fields that are missing or do not fit are NULL,
+    so every offset still becomes exactly one row."""
+    try:
+        doc = json.loads(message.value) if message.value is not None else {}
+    except ValueError:
+        doc = {}
+    if not isinstance(doc, dict):
+        doc = {}
+    values: list[Any] = []
+    for col in schema.columns:
+        if col.name == PARTITION_COLUMN:
+            values.append(message.partition)
+        elif col.name == OFFSET_COLUMN:
+            values.append(message.offset)
+        else:
+            raw = doc.get(col.name)
+            try:
+                values.append(None if raw is None else coerce_value(col.type, raw, col.name))
+            except SchemaError:
+                values.append(None)
+    return tuple(values)

@@ -1,0 +1,117 @@
+"""/v1/sources: Kafka topics as sources that jobs backfill from and then follow."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from backfill_core.schema import Column, SchemaError, parse_type
+from service.api.deps import get_ctx
+from service.api.errors import ERROR_RESPONSES
+from service.api.tables import ColumnSpec
+from service.catalog import sources
+from service.catalog.models import Source
+from service.context import ServiceContext
+from service.errors import Invalid
+
+router = APIRouter(prefix="/v1/sources", tags=["sources"], responses=ERROR_RESPONSES)
+Ctx = Annotated[ServiceContext, Depends(get_ctx)]
+
+
+class KafkaSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    bootstrap_servers: str = Field(max_length=1000, examples=["kafka:9092"])
+    topic: str = Field(max_length=249, examples=["orders"])
+    properties: dict[str, str] | None = Field(
+        default=None,
+        max_length=100,
+        description="extra librdkafka client settings (e.g. security.protocol)",
+    )
+
+
+class SourceCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=63, examples=["orders_events"])
+    kafka: KafkaSettings
+    format: Literal["json"] = "json"
+    columns: list[ColumnSpec] = Field(
+        min_length=1,
+        max_length=1000,
+        description="fields of each message's JSON object; `_partition` and `_offset` are "
+        "added and form the key",
+    )
+    rate_limit: int | None = Field(
+        default=None, ge=0, description="messages/s the shared source reads; null: no limit"
+    )
+
+
+class SourceView(BaseModel):
+    name: str
+    kafka: KafkaSettings
+    format: Literal["json"]
+    columns: list[ColumnSpec]
+    primary_key: list[str]
+    rate_limit: int | None
+    start_offsets: dict[str, int] = Field(
+        description="partition -> where the shared source started (the topic's end then)"
+    )
+    created_at: dt.datetime
+
+
+class SourceList(BaseModel):
+    sources: list[SourceView]
+
+
+def _view(src: Source) -> SourceView:
+    return SourceView(
+        name=src.name,
+        kafka=KafkaSettings(**src.kafka),
+        format="json",
+        columns=[ColumnSpec(**c) for c in src.schema["columns"]],
+        primary_key=src.schema["primary_key"],
+        rate_limit=src.rate_limit,
+        start_offsets={k: int(v) for k, v in src.start_offsets.items()},
+        created_at=src.created_at,
+    )
+
+
+def _columns(body: SourceCreate) -> list[Column]:
+    cols = []
+    for i, c in enumerate(body.columns):
+        try:
+            cols.append(Column(c.name, parse_type(c.type), True))
+        except SchemaError as e:
+            raise Invalid(e.message, {"field": f"columns[{i}].type"}) from None
+    return cols
+
+
+@router.post("", status_code=201, response_model=SourceView)
+def create_source(body: SourceCreate, ctx: Ctx) -> SourceView:
+    src = sources.create_source(
+        ctx.db,
+        body.name,
+        body.kafka.model_dump(),
+        _columns(body),
+        body.rate_limit,
+        ctx.settings.default_vnode_count,
+    )
+    return _view(src)
+
+
+@router.get("", response_model=SourceList)
+def list_sources(ctx: Ctx) -> SourceList:
+    return SourceList(sources=[_view(s) for s in sources.list_sources(ctx.db)])
+
+
+@router.get("/{name}", response_model=SourceView)
+def get_source(name: str, ctx: Ctx) -> SourceView:
+    return _view(sources.read_source(ctx.db, name))
+
+
+@router.delete("/{name}", status_code=204, response_class=Response)
+def drop_source(name: str, ctx: Ctx) -> Response:
+    sources.drop_source(ctx.db, name)
+    return Response(status_code=204)

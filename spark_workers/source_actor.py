@@ -1,0 +1,219 @@
+"""One source-backfill actor on a worker: its executor, Kafka reads, and MV writes.
+
+The barrier opening epoch ``e`` names the offsets the shared source advanced over in
+``e`` (``source_ranges``); those messages are the upstream rows of ``e`` and are handled
+first, then the backfill reads the partitions from their earliest offset during ``e``.
+Everything visible in ``e`` is written at ``e``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Any
+
+from backfill_core.changes import Version
+from backfill_core.executors.source import SourceBackfill, SplitProgress, SplitState
+from backfill_core.schema import TableSchema
+from backfill_core.view import View
+from connectors.kafka import KafkaClient, KafkaSpec, Message, parse_row
+from service.meta.sources import split_key
+from spark_workers.actors import barrier_of, fence
+from state_store.versioned import VersionedTable
+
+# the job's splits are all finished in committed progress (the seed's check that lets
+# an actor leave the backfill stage: no unfinished split can migrate to it any more)
+_ALL_FINISHED = """
+    SELECT NOT EXISTS (
+      SELECT 1 FROM actors a, jsonb_array_elements_text(a.splits) x
+      WHERE a.job_id = %(job)s AND a.last_epoch IS NULL
+        AND NOT EXISTS (SELECT 1 FROM split_progress p
+                        WHERE p.job_id = a.job_id AND p.split = x AND p.state = 'finished'))
+"""
+_COMMITTED = """
+    SELECT split, state, "offset", num_consumed_rows, target_offset
+    FROM split_progress WHERE job_id = %(job)s AND split = ANY(%(splits)s)
+"""
+
+
+def _progress(row: dict[str, Any]) -> SplitProgress:
+    offset, target = row.get("offset"), row.get("target_offset")
+    return SplitProgress(
+        SplitState(row["state"]),
+        None if offset is None else int(offset),
+        int(row.get("num_consumed_rows") or 0),
+        None if target is None else int(target),
+    )
+
+
+class SourceRunner:
+    kind = "source"
+
+    def __init__(self, assignment: dict[str, Any]) -> None:
+        job = assignment["job"]
+        self.actor_id: int = assignment["actor_id"]
+        self.recovery_seq: int = assignment["recovery_seq"]
+        self.graph_id: int = assignment["graph_id"]
+        self.job_id: int = assignment["job_id"]
+        self.spec = KafkaSpec.from_json(job["source"]["kafka"])
+        self.schema = TableSchema.from_json(job["upstream_schema"])
+        self.mv = VersionedTable(job["mv_table"], TableSchema.from_json(job["mv_schema"]))
+        self.view = View.build(self.schema, job["columns"], job["filter"])
+        restore = assignment.get("restore") or {}
+        self.executor = SourceBackfill(
+            self.actor_id,
+            [str(x) for x in assignment["splits"]],
+            rate_limit=job["rate_limit"],
+            paused=job["paused"],
+            restore={r["split"]: _progress(r) for r in restore.get("splits", [])},
+        )
+        self._client: KafkaClient | None = None
+        # split -> (lo, hi, messages in [lo, hi)): upstream rows read ahead
+        self._buffer: dict[str, tuple[int, int, list[Message]]] = {}
+
+    @property
+    def client(self) -> KafkaClient:
+        if self._client is None:
+            self._client = KafkaClient(self.spec)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def rebind(self, graph_id: int, recovery_seq: int) -> None:
+        self.graph_id = graph_id
+        self.recovery_seq = recovery_seq
+
+    def has_reads(self) -> bool:
+        return bool(self.executor.next_reads(1))
+
+    # epochs -----------------------------------------------------------------
+
+    def _backfill_info(self) -> dict[str, int | None]:
+        """split -> last existing offset (None: the partition is empty: nothing to backfill).
+
+        Unlike the seed, a split that has backfilled up to the end keeps its target
+        rather than finishing at once: the shared source may still be behind it, and
+        only the upstream rows can tell (SourceCachingUp), so nothing is emitted twice.
+        """
+        unfinished = self.executor.unfinished_splits()
+        if not unfinished:
+            return {}
+        marks = self.client.watermarks([int(s) for s, _ in unfinished])
+        info: dict[str, int | None] = {}
+        for split, offset in unfinished:
+            low, high = marks[int(split)]
+            info[split] = None if (low == high and offset is None) else max(high - 1, low)
+        return info
+
+    def prefetch(self, messages: list[dict[str, Any]]) -> None:
+        """Read the upstream rows of several barriers in one go (a worker that fell
+        behind gets many at once; one read per barrier would keep it behind)."""
+        union: dict[str, tuple[int, int]] = {}
+        for m in messages:
+            for split, (start, end) in (m.get("source_ranges") or {}).items():
+                if end > start:
+                    lo, hi = union.get(split, (start, end))
+                    union[split] = (min(lo, start), max(hi, end))
+        self._fill(union)
+
+    def _fill(self, want: dict[str, tuple[int, int]]) -> None:
+        missing = {
+            s: r
+            for s, r in want.items()
+            if not (s in self._buffer and self._buffer[s][0] <= r[0] and r[1] <= self._buffer[s][1])
+        }
+        if not missing:
+            return
+        got = self.client.read_ranges({int(s): (lo, hi, None) for s, (lo, hi) in missing.items()})
+        for split, (lo, hi) in missing.items():
+            self._buffer[split] = (lo, hi, got[int(split)])
+
+    def _upstream(self, ranges: dict[str, list[int]], splits: list[str]) -> list[Message]:
+        want = {s: (ranges[s][0], ranges[s][1]) for s in splits if s in ranges}
+        want = {s: r for s, r in want.items() if r[1] > r[0]}
+        self._fill(want)
+        out: list[Message] = []
+        for split, (start, end) in sorted(want.items(), key=lambda x: split_key(x[0])):
+            msgs = self._buffer[split][2]
+            offsets = [m.offset for m in msgs]
+            out += msgs[bisect_left(offsets, start) : bisect_left(offsets, end)]
+        return out
+
+    def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
+        barrier = barrier_of(message)
+        ex = self.executor
+        if not ex.started:
+            ex.on_backfill_info(self._backfill_info())
+        owned = list(ex.progress)
+        change = barrier.mutation.splits if barrier.mutation is not None else None
+        new_owned = list(change[self.actor_id]) if change and self.actor_id in change else owned
+        with conn.cursor() as cur:
+            committed: dict[str, SplitProgress] = {}
+            added = [x for x in new_owned if x not in ex.progress]
+            if added:
+                cur.execute(_COMMITTED, {"job": self.job_id, "splits": added})
+                for split, state, offset, consumed, target in cur.fetchall():
+                    committed[split] = _progress(
+                        {
+                            "state": state,
+                            "offset": offset,
+                            "num_consumed_rows": consumed,
+                            "target_offset": target,
+                        }
+                    )
+            others_finished = False
+            if ex.phase.value == "backfilling" and all(
+                p.state is SplitState.FINISHED for p in ex.progress.values()
+            ):
+                cur.execute(_ALL_FINISHED, {"job": self.job_id})
+                others_finished = bool(cur.fetchone()[0])
+            upstream = self._upstream(message.get("source_ranges") or {}, new_owned)
+            out = ex.on_barrier(
+                barrier,
+                [(str(m.partition), m.offset) for m in upstream],
+                others_finished=others_finished,
+                committed=committed,
+            )
+            fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
+            rows = [parse_row(self.schema, upstream[i]) for i in out.emit]
+            self.mv.write(cur, out.write_epoch, [Version(r) for r in self.view.rows(rows)])
+        conn.commit()
+        return {
+            "actor_id": self.actor_id,
+            "prev_epoch": barrier.epoch.prev,
+            "curr_epoch": barrier.epoch.curr,
+            "progress": out.progress,
+            "rows": out.rows,
+            "finished": out.finished,
+        }
+
+    def read_some(self, conn: Any, max_rows: int) -> int:
+        """Backfill reads of the open epoch, written at once; rows read (-1: none to do)."""
+        ex = self.executor
+        reads = ex.next_reads(max_rows)
+        if not reads:
+            return -1
+        marks = self.client.watermarks([int(r.split) for r in reads])
+        plan = {}
+        for r in reads:
+            high = marks[int(r.split)][1]
+            plan[int(r.split)] = (
+                r.start,
+                high if r.target is None else min(high, r.target + 1),
+                r.limit,
+            )
+        got = self.client.read_ranges(plan)
+        total = 0
+        rows = []
+        for r in reads:
+            msgs = got[int(r.split)]
+            visible = ex.on_backfill_rows(r, [m.offset for m in msgs])
+            rows += [parse_row(self.schema, m) for m in msgs[:visible]]
+            total += len(msgs)
+        with conn.cursor() as cur:
+            fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
+            self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(rows)])
+        conn.commit()
+        return total

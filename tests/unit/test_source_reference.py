@@ -1,0 +1,474 @@
+"""The epoch-level source backfill agrees with the row-at-a-time reference model.
+
+Random topics (1-4 partitions, offsets with holes, some empty) that grow over time, a
+shared source that passes a random number of offsets per epoch (and skips a few that
+compaction removed after the backfill could read them), random read sizes (reads that
+stop early, Spark-style summaries), rate limits, pause/resume/throttle, a crash and
+recovery from committed progress, and split changes: a partition added mid-way, one
+dropped, one migrated in from a second actor with its committed state. The executor is
+driven through its epoch API, the model with the same rows one at a time; at every
+barrier both report the same progress, rows, finish flag and stage, and every epoch
+emits the same rows. A final drain lets every split finish; then each offset the
+source passed was emitted exactly once (over both actors).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from backfill_core.epoch import EpochPair
+from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
+from backfill_core.executors.source import (
+    OffsetRead,
+    Phase,
+    SourceBackfill,
+    SourceBarrierOutput,
+    SplitProgress,
+    SplitState,
+    split_visible_prefix,
+)
+from tests.kit.executors import (
+    ACTOR,
+    OTHER_ACTOR,
+    epoch,
+    mutations,
+    offset_gaps,
+    offsets_from_gaps,
+)
+from tests.models.source_reference import ModelBarrier, SourceReference, SplitRef
+
+Rows = list[tuple[str, int]]
+
+
+class Topic:
+    """Kafka as both sides see it: existing offsets per partition, and how many of them
+    the shared source passed. ``compacted`` offsets are skipped by the source only (they
+    were removed after the backfill could still read them)."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[str, list[int]] = {}
+        self.passed: dict[str, int] = {}
+        self.compacted: set[tuple[str, int]] = set()
+
+    def create(self, split: str, gaps: list[int], passed: int = 0) -> None:
+        self.offsets[split] = offsets_from_gaps(gaps)
+        self.passed[split] = min(passed, len(self.offsets[split]))
+
+    def append(self, split: str, gaps: list[int], compact: list[bool]) -> None:
+        last = self.offsets[split][-1] if self.offsets[split] else -1
+        new = offsets_from_gaps(gaps, last)
+        self.offsets[split] += new
+        self.compacted |= {(split, o) for o, c in zip(new, compact, strict=False) if c}
+
+    def advance(self, split: str, n: int) -> list[int]:
+        """The offsets the source delivers when it passes ``n`` more existing ones."""
+        at = self.passed[split]
+        self.passed[split] = min(at + n, len(self.offsets[split]))
+        passed = self.offsets[split][at : self.passed[split]]
+        return [o for o in passed if (split, o) not in self.compacted]
+
+    def read(self, split: str, start: int | None, limit: int) -> list[int]:
+        return [o for o in self.offsets[split] if start is None or o >= start][:limit]
+
+    def latest(self, split: str) -> int | None:
+        return self.offsets[split][-1] if self.offsets[split] else None
+
+
+def as_ref(p: SplitProgress) -> SplitRef:
+    return SplitRef(p.state.value, p.offset, p.num_consumed_rows, p.target_offset)
+
+
+def progress_of(out: SourceBarrierOutput) -> dict[str, SplitProgress]:
+    return {r["split"]: SplitProgress.from_row(r) for r in out.progress["splits"]}
+
+
+def tuples(progress: dict[str, SplitProgress]) -> dict[str, Any]:
+    return {s: as_ref(p).as_tuple() for s, p in progress.items()}
+
+
+@dataclass
+class Side:
+    """One actor: the executor, the model it is checked against (None: not checked),
+    and the rows it wrote per epoch."""
+
+    impl: SourceBackfill
+    model: SourceReference | None = None
+    emitted: dict[int, Rows] = field(default_factory=dict)
+    last: SourceBarrierOutput | None = None
+
+    def start(self, topic: Topic) -> None:
+        info = {s: topic.latest(s) for s, _ in self.impl.unfinished_splits()}
+        self.impl.on_backfill_info(info)
+        if self.model is not None:
+            self.model.backfill_info(info)
+            assert tuples(self.impl.progress) == self._model_progress()
+
+    def barrier(
+        self,
+        b: Barrier,
+        mutation: dict[str, Any] | None,
+        upstream: Rows,
+        others_finished: bool,
+        committed: dict[str, SplitProgress],
+    ) -> None:
+        out = self.impl.on_barrier(
+            b, upstream, others_finished=others_finished, committed=committed
+        )
+        assert out.write_epoch == b.epoch.curr
+        self.last = out
+        i = b.epoch.curr
+        self.emitted[i] = [upstream[k] for k in out.emit]
+        if self.model is None:
+            return
+        refs = {s: as_ref(p) for s, p in committed.items()}
+        report = self.model.barrier(ModelBarrier(b.elapsed_ms, mutation, others_finished, refs))
+        for s, o in upstream:
+            self.model.upstream(s, o)
+        assert tuples(progress_of(out)) == report.progress
+        assert [r["split"] for r in out.progress["splits"]] == sorted(report.progress, key=int)
+        assert (out.rows, out.finished) == (report.rows, report.finished)
+        assert (self.impl.phase is Phase.FORWARDING) == report.forwarding
+        assert self.emitted[i] == self.model.emitted[-1]
+
+    def work(
+        self, topic: Topic, data: st.DataObject, allowance: int, chunk: int, modes: Any
+    ) -> None:
+        """The backfill reads of the open epoch, then the same rows into the model."""
+        i = self.impl.open_epoch
+        left = allowance
+        while left > 0 and (reads := self.impl.next_reads(min(chunk, left))):
+            for read in reads:
+                rows, mode = self._read(topic, data, read, modes)
+                visible = self._account(read, rows, mode)
+                self.emitted[i] += [(read.split, o) for o in rows[:visible]]
+                if self.model is not None:
+                    for o in rows:
+                        self.model.backfill(read.split, o)
+                left -= len(rows)
+        if self.model is not None:
+            assert tuples(self.impl.progress) == self._model_progress()
+            assert self.emitted[i] == self.model.emitted[-1]
+            assert self.impl.epoch_rows == self.model.epoch_rows
+
+    def _read(
+        self, topic: Topic, data: st.DataObject, read: OffsetRead, modes: Any
+    ) -> tuple[list[int], str]:
+        rows = topic.read(read.split, read.start, read.limit)
+        mode = data.draw(modes)
+        if mode == "short" and rows:  # the consumer returned fewer rows than there are
+            rows = rows[: data.draw(st.integers(0, len(rows) - 1))]
+        elif mode == "spark" and read.target is not None:  # stop at the caught-up row
+            rows = [o for o in rows if o < read.target] + [o for o in rows if o >= read.target][:1]
+        return rows, mode
+
+    def _account(self, read: OffsetRead, rows: list[int], mode: str) -> int:
+        if mode in ("full", "short"):
+            return self.impl.on_backfill_rows(read, rows)
+        visible = split_visible_prefix(rows, self.impl.progress[read.split])
+        hidden = 0 < visible < len(rows)
+        self.impl.on_backfill_summary(
+            read,
+            len(rows),
+            rows[-1] if rows else None,
+            visible,
+            last_visible=rows[visible - 1] if hidden else None,
+        )
+        return visible
+
+    def _model_progress(self) -> dict[str, Any]:
+        assert self.model is not None
+        return {s: r.as_tuple() for s, r in self.model.states.items()}
+
+
+ALL_MODES = st.sampled_from(["full", "short", "spark", "summary"])
+DRAIN_MODES = st.sampled_from(["full", "spark", "summary"])
+# offsets the source passes in an epoch: often none, so the backfill can get ahead of it
+SOURCE_STEPS = st.sampled_from([0, 0, 0, 1, 2, 3, 5])
+COMPACTED = st.sampled_from([False] * 5 + [True])  # a new offset the source will skip
+
+
+def new_side(
+    actor: int,
+    topic: Topic,
+    splits: list[str],
+    *,
+    rate_limit: int | None = None,
+    paused: bool = False,
+    restore: dict[str, SplitProgress] | None = None,
+    checked: bool = True,
+    emitted: dict[int, Rows] | None = None,
+) -> Side:
+    """An actor (re)started: its backfill info is fetched before the first barrier."""
+    impl = SourceBackfill(actor, splits, rate_limit=rate_limit, paused=paused, restore=restore)
+    model = None
+    if checked:
+        states = {s: as_ref(p) for s, p in impl.progress.items()}
+        model = SourceReference(actor, states, rate_limit=rate_limit, paused=paused)
+    side = Side(impl, model, emitted if emitted is not None else {})
+    side.start(topic)
+    return side
+
+
+class Job:
+    """One source backfill job over a random topic: the checked actor, and a second one
+    owning the split that migrates (when there is one)."""
+
+    def __init__(self, data: st.DataObject) -> None:
+        draw = self.draw = data.draw
+        self.data = data
+        n = draw(st.integers(1, 4), label="partitions")
+        self.n_epochs = draw(st.integers(2, 10), label="epochs")
+        event = st.one_of(st.none(), st.integers(2, self.n_epochs))
+        self.add_at, self.drop_at, self.migrate_at, self.crash_at = (draw(event) for _ in range(4))
+        if self.crash_at in (self.add_at, self.drop_at, self.migrate_at):
+            self.crash_at = None  # which assignment recovers there is the meta's choice
+        self.others_at = draw(st.integers(1, self.n_epochs + 2), label="other actors finish")
+
+        self.topic = Topic()
+        own = [str(k) for k in range(n)]
+        self.new_split, self.migrated = str(n), str(n + 1)
+        self.stalled: dict[str, int] = {}  # the source passes nothing there before this epoch
+        for s in own + ([self.migrated] if self.migrate_at else []):
+            gaps = draw(offset_gaps)
+            self.topic.create(s, gaps, passed=draw(st.integers(0, len(gaps))))
+            self.stalled[s] = draw(st.integers(0, 4))  # lets the backfill get ahead
+        self.owner = {s: ACTOR for s in own}
+        self.dropped = draw(st.sampled_from(own)) if self.drop_at else None
+        self.actor = new_side(
+            ACTOR,
+            self.topic,
+            own,
+            rate_limit=draw(st.one_of(st.none(), st.integers(0, 60))),
+            paused=draw(st.sampled_from([False, False, False, True])),  # pause on startup
+        )
+        self.other: Side | None = None
+        if self.migrate_at:
+            self.owner[self.migrated] = OTHER_ACTOR
+            rate = draw(st.one_of(st.none(), st.integers(1, 40)))
+            self.other = new_side(
+                OTHER_ACTOR, self.topic, [self.migrated], rate_limit=rate, checked=False
+            )
+        self.other_progress: dict[str, SplitProgress] = {}  # as the other actor last reported
+        self.prev, self.kind = epoch(0), BarrierKind.INITIAL
+        self.positions: dict[int, dict[str, int]] = {}  # the source's, before epoch i
+
+    def sides(self) -> list[Side]:
+        return [s for s in (self.actor, self.other) if s is not None]
+
+    def step(self, i: int, mutation: dict[str, Any] | None, draining: bool) -> None:
+        """Epoch i: data arrives, the barrier opening i brings the source's rows of i,
+        then the backfill reads of i."""
+        topic, draw = self.topic, self.draw
+        self.positions[i] = dict(topic.passed)
+        if i == self.add_at:
+            topic.create(self.new_split, [])
+        if i in (self.add_at, self.drop_at, self.migrate_at):
+            mutation = {**(mutation or {}), "splits": self._split_change(i)}
+        for s in topic.offsets:
+            if draining:
+                topic.append(s, [1], [])
+            else:
+                gaps = draw(st.lists(st.integers(1, 3), max_size=3))
+                topic.append(s, gaps, draw(st.lists(COMPACTED, max_size=3)))
+        per_split = {}
+        for s in topic.offsets:
+            steps = 10**6 if draining else draw(SOURCE_STEPS)
+            per_split[s] = topic.advance(s, steps if i > self.stalled.get(s, 0) else 0)
+        split_major = draw(st.booleans())
+
+        b = Barrier(EpochPair(self.prev, epoch(i)), self.kind, Mutation.from_json(mutation))
+        committed: dict[str, SplitProgress] = {}
+        if self.other is not None:
+            upstream = self._rows_for(OTHER_ACTOR, per_split, split_major)
+            self.other.barrier(b, mutation, upstream, False, {})
+            assert self.other.last is not None
+            if i == self.migrate_at:
+                committed = {self.migrated: progress_of(self.other.last)[self.migrated]}
+        others = i >= self.others_at and all(
+            p.state is SplitState.FINISHED for p in self.other_progress.values()
+        )
+        upstream = self._rows_for(ACTOR, per_split, split_major)
+        self.actor.barrier(b, mutation, upstream, others, committed)
+        if self.other is not None:
+            assert self.other.last is not None
+            self.other_progress = progress_of(self.other.last)
+        self.prev, self.kind = epoch(i), BarrierKind.CHECKPOINT
+
+        for side in self.sides():
+            if draining:
+                side.work(topic, self.data, 10**6, 50, DRAIN_MODES)
+            else:
+                allowance = draw(st.one_of(st.just(1_000), st.integers(0, 8)))
+                side.work(topic, self.data, allowance, draw(st.integers(1, 5)), ALL_MODES)
+
+    def _split_change(self, i: int) -> dict[str, list[str]]:
+        assignment: dict[str, list[str]] = {}
+        if i == self.add_at:
+            self.owner[self.new_split] = ACTOR
+        if i == self.drop_at and self.dropped is not None:
+            del self.owner[self.dropped]
+        if i == self.migrate_at:
+            self.owner[self.migrated] = ACTOR
+            assignment[str(OTHER_ACTOR)] = []
+        assignment[str(ACTOR)] = [s for s, a in self.owner.items() if a == ACTOR]
+        return assignment
+
+    def _rows_for(self, actor: int, per_split: dict[str, list[int]], split_major: bool) -> Rows:
+        mine = {s: rows for s, rows in per_split.items() if self.owner.get(s) == actor}
+        if split_major:
+            return [(s, o) for s, rows in mine.items() for o in rows]
+        out: Rows = []  # interleaved, each split's offsets still ascending
+        for k in range(max((len(r) for r in mine.values()), default=0)):
+            out += [(s, rows[k]) for s, rows in mine.items() if k < len(rows)]
+        return out
+
+    def recover(self, i: int) -> None:
+        """A crash during epoch i: everything rolls back to what the barrier opening i
+        committed (the end of i - 1), the source included; the actors restart from it."""
+        self.topic.passed = dict(self.positions[i])
+        for side in self.sides():
+            side.emitted.pop(epoch(i), None)
+        old = self.actor
+        assert old.last is not None
+        restored = progress_of(old.last)
+        self.actor = new_side(
+            ACTOR, self.topic, list(restored), rate_limit=old.impl.rate_limit,
+            paused=old.impl.paused, restore=restored, emitted=old.emitted,
+        )  # fmt: skip
+        if self.other is not None:
+            old = self.other
+            assert old.last is not None
+            self.other_progress = progress_of(old.last)
+            self.other = new_side(
+                OTHER_ACTOR, self.topic, list(self.other_progress),
+                rate_limit=old.impl.rate_limit, paused=old.impl.paused,
+                restore=self.other_progress, checked=False, emitted=old.emitted,
+            )  # fmt: skip
+        self.prev, self.kind = epoch(i - 1), BarrierKind.INITIAL
+
+    def check_exactly_once(self) -> None:
+        """Every offset the source passed was emitted once, over both actors (a dropped
+        split went to an actor not simulated; compacted offsets only if backfilled)."""
+        for s, offsets in self.topic.offsets.items():
+            if s == self.dropped:
+                continue
+            got = [o for side in self.sides() for rows in side.emitted.values() for x, o in rows
+                   if x == s]  # fmt: skip
+            passed = offsets[: self.topic.passed[s]]
+            assert len(got) == len(set(got)), f"split {s}: emitted twice"
+            assert set(got) <= set(passed), f"split {s}: emitted beyond the source"
+            missing = {o for o in passed if (s, o) not in self.topic.compacted} - set(got)
+            assert not missing, f"split {s}: never emitted {sorted(missing)}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_epoch_level_executor_matches_the_row_at_a_time_model(data: st.DataObject) -> None:
+    job = Job(data)
+    i = 0
+    while i < job.n_epochs:
+        i += 1
+        job.step(i, data.draw(mutations, label="flow mutation"), draining=False)
+        if i == job.crash_at:
+            job.recover(i)
+    # drain: resume at full speed while data keeps coming and the source keeps up
+    drain: dict[str, Any] | None = {
+        "resume": True,
+        "throttle": {str(ACTOR): None, str(OTHER_ACTOR): None},
+    }
+    for _ in range(10):
+        i += 1
+        job.step(i, drain, draining=True)
+        drain = None
+        if job.actor.impl.phase is Phase.FORWARDING and not job.other_progress:
+            break
+    assert job.actor.impl.phase is Phase.FORWARDING
+    assert all(p.state is SplitState.FINISHED for p in job.actor.impl.progress.values())
+    job.check_exactly_once()
+
+
+# readable cases, as in the seed ---------------------------------------------------
+
+
+def barrier(i: int, **mutation: Any) -> Barrier:
+    return Barrier(EpochPair(epoch(i - 1), epoch(i)), mutation=Mutation.from_json(mutation))
+
+
+def read_all(ex: SourceBackfill, topic: dict[str, list[int]]) -> Rows:
+    """Read every split as far as the open epoch allows; the rows written now."""
+    out: Rows = []
+    while reads := ex.next_reads(100):
+        for r in reads:
+            rows = [o for o in topic[r.split] if r.start is None or o >= r.start][: r.limit]
+            out += [(r.split, o) for o in rows[: ex.on_backfill_rows(r, rows)]]
+    return out
+
+
+def state(ex: SourceBackfill, split: str = "0") -> tuple[SplitState, int | None]:
+    return ex.progress[split].state, ex.progress[split].offset
+
+
+def test_backfill_ahead_of_the_source_waits_for_it_without_duplicates() -> None:
+    ex = SourceBackfill(1, ["0"])
+    ex.on_backfill_info({"0": 5})  # offsets 0..5 exist, the source is at 2
+    ex.on_barrier(barrier(1), [])
+    assert read_all(ex, {"0": list(range(6))}) == [("0", o) for o in range(6)]
+    assert state(ex) == (SplitState.SOURCE_CACHING_UP, 5)
+    out = ex.on_barrier(barrier(2), [("0", 3), ("0", 4)])
+    assert out.finished and out.emit == []  # already backfilled
+    out = ex.on_barrier(barrier(3), [("0", 5), ("0", 6)])
+    assert out.emit == [1] and state(ex) == (SplitState.FINISHED, None)
+
+
+def test_the_source_meeting_the_backfilled_offset_finishes_the_split() -> None:
+    ex = SourceBackfill(1, ["0"])
+    ex.on_backfill_info({"0": 9})
+    ex.on_barrier(barrier(1), [])
+    assert ex.on_backfill_rows(OffsetRead("0", None, 9, 3), [0, 1, 2]) == 3  # Backfilling(2)
+    out = ex.on_barrier(barrier(2), [("0", 2), ("0", 3)])  # the source had passed 0, 1
+    assert out.emit == [1] and state(ex) == (SplitState.FINISHED, None)
+    assert ex.next_reads(10) == []
+
+
+def test_a_compacted_offset_makes_the_next_upstream_row_visible() -> None:
+    ex = SourceBackfill(1, ["0"])
+    ex.on_backfill_info({"0": 4})
+    ex.on_barrier(barrier(1), [])
+    read_all(ex, {"0": [0, 1, 2, 3, 4]})
+    assert state(ex) == (SplitState.SOURCE_CACHING_UP, 4)
+    # 4 and 5 were compacted away before the source got there
+    out = ex.on_barrier(barrier(2), [("0", 3), ("0", 6)])
+    assert out.emit == [1] and state(ex) == (SplitState.FINISHED, None)
+
+
+def test_an_empty_partition_is_finished_at_start_and_new_partitions_need_no_backfill() -> None:
+    ex = SourceBackfill(1, ["0"])
+    ex.on_backfill_info({"0": None})
+    assert not ex.on_barrier(barrier(1), [("0", 0)]).finished  # first barrier: no report
+    out = ex.on_barrier(barrier(2, splits={"1": ["0", "1"]}), [("1", 0)])
+    assert out.finished and out.emit == [0]
+    assert state(ex, "1") == (SplitState.FINISHED, None)
+
+
+def test_finish_is_reported_early_but_the_stage_waits_for_every_actor() -> None:
+    ex = SourceBackfill(1, ["0", "1"], restore={"1": SplitProgress(SplitState.FINISHED)})
+    ex.on_backfill_info({"0": 3})
+    ex.on_barrier(barrier(1), [])
+    read_all(ex, {"0": [0, 1, 2, 3]})  # caught up: SourceCachingUp(3)
+    out = ex.on_barrier(barrier(2), [("0", 3)], others_finished=True)
+    assert out.finished and ex.phase is Phase.BACKFILLING  # was caching up at the barrier
+    out = ex.on_barrier(barrier(3), [("0", 4)], others_finished=False)
+    assert out.finished and ex.phase is Phase.BACKFILLING  # another actor is not done
+    out = ex.on_barrier(barrier(4), [("0", 5)], others_finished=True)
+    assert out.finished and ex.phase is Phase.FORWARDING and out.emit == [0]
+    with pytest.raises(ValueError, match="migrated in unfinished"):
+        ex.on_barrier(
+            barrier(5, splits={"1": ["0", "1", "2"]}),
+            [],
+            committed={"2": SplitProgress(SplitState.BACKFILLING, 7)},
+        )
