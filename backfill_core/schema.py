@@ -21,6 +21,10 @@ IDENTIFIER_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 MAX_IDENTIFIER_LEN = 63
 DEFAULT_VNODE_COUNT = 256
 MAX_VNODE_COUNT = 32768
+# Postgres's numeric: digits before and after the decimal point
+NUMERIC_MAX_INTEGER_DIGITS = 131_072
+NUMERIC_MAX_SCALE = 16_383
+MAX_JSON_DEPTH = 100
 
 INT_BOUNDS = {
     "smallint": (-(2**15), 2**15 - 1),
@@ -100,6 +104,14 @@ def parse_type(name: str) -> ColumnType:
     except ValueError:
         allowed = ", ".join(t.value for t in ColumnType)
         raise SchemaError(f"unknown column type {name!r}; expected one of: {allowed}") from None
+
+
+def is_identifier(name: object, *, allow_internal: bool = False) -> bool:
+    try:
+        validate_identifier(name, allow_internal=allow_internal)
+    except SchemaError:
+        return False
+    return True
 
 
 def validate_identifier(name: object, what: str = "name", *, allow_internal: bool = False) -> str:
@@ -348,7 +360,13 @@ def _numeric(v: object) -> Decimal:
         raise TypeError("expected a number or a decimal string")
     if not d.is_finite():
         raise ValueError("NaN and infinity are not accepted")
-    return d
+    exponent = d.as_tuple().exponent
+    assert isinstance(exponent, int)  # finite
+    if d and d.adjusted() >= NUMERIC_MAX_INTEGER_DIGITS:
+        raise ValueError(f"at most {NUMERIC_MAX_INTEGER_DIGITS} digits before the decimal point")
+    if -exponent > NUMERIC_MAX_SCALE:
+        raise ValueError(f"at most {NUMERIC_MAX_SCALE} digits after the decimal point")
+    return d if d or exponent <= 0 else Decimal(0)
 
 
 def _text(v: object) -> str:
@@ -400,8 +418,22 @@ def _iso(v: object) -> str:
 
 
 def _jsonb(v: object) -> Any:
-    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
-        raise ValueError("NaN and infinity are not JSON")
+    """Postgres's jsonb holds no NaN, no NUL character and no lone surrogate."""
+    todo: list[tuple[object, int]] = [(v, 0)]
+    while todo:
+        x, depth = todo.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+            raise ValueError("NaN and infinity are not JSON")
+        if isinstance(x, str):
+            _text(x)
+        elif isinstance(x, dict):
+            for k, item in x.items():
+                _text(k)
+                todo.append((item, depth + 1))
+        elif isinstance(x, list | tuple):
+            todo.extend((item, depth + 1) for item in x)
     return v
 
 

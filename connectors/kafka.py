@@ -36,6 +36,10 @@ class KafkaUnavailable(Exception):
     """The brokers cannot be reached, or the topic does not exist."""
 
 
+class KafkaConfigError(ValueError):
+    """librdkafka refused the client settings (an unknown property, a bad value)."""
+
+
 @dataclass(frozen=True)
 class KafkaSpec:
     bootstrap_servers: str
@@ -49,6 +53,14 @@ class KafkaSpec:
             str(data["topic"]),
             {str(k): str(v) for k, v in (data.get("properties") or {}).items()},
         )
+
+    def to_json(self) -> dict[str, Any]:
+        """The inverse of ``from_json`` (how a Spark task gets the source's settings)."""
+        return {
+            "bootstrap_servers": self.bootstrap_servers,
+            "topic": self.topic,
+            "properties": dict(self.properties),
+        }
 
     def consumer_config(self) -> dict[str, Any]:
         return {
@@ -77,7 +89,10 @@ class KafkaClient:
 
     def __init__(self, spec: KafkaSpec) -> None:
         self.spec = spec
-        self._consumer = ck.Consumer(spec.consumer_config())
+        try:
+            self._consumer = ck.Consumer(spec.consumer_config())
+        except ck.KafkaException as e:
+            raise KafkaConfigError(f"invalid Kafka client settings: {e.args[0].str()}") from None
 
     def close(self) -> None:
         self._consumer.close()

@@ -62,3 +62,11 @@ class Database:
 def raw_cursor(session: Session):  # type: ignore[no-untyped-def]
     """A psycopg2 cursor inside the session's transaction (for the state store)."""
     return session.connection().connection.dbapi_connection.cursor()
+
+
+def unique_violation(error: Exception) -> str | None:
+    """The constraint a unique violation (an IntegrityError's cause) broke, else None."""
+    orig = getattr(error, "orig", None)
+    if getattr(orig, "pgcode", None) != "23505":  # unique_violation
+        return None
+    return getattr(getattr(orig, "diag", None), "constraint_name", None)

@@ -9,10 +9,18 @@ class ServiceError(Exception):
     status = 500
     code = "internal"
 
-    def __init__(self, message: str, details: Any = None, *, code: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        details: Any = None,
+        *,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details = details
+        self.headers = headers or {}
         if code is not None:
             self.code = code
 
@@ -35,6 +43,11 @@ class Conflict(ServiceError):
 class Gone(ServiceError):
     status = 410
     code = "gone"
+
+
+class PayloadTooLarge(ServiceError):
+    status = 413
+    code = "payload_too_large"
 
 
 class Invalid(ServiceError):

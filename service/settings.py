@@ -38,6 +38,18 @@ class Settings(BaseSettings):
     worker_lease_ms: int = Field(default=10_000, ge=100, le=3_600_000)
     max_pending_barriers: int = Field(default=100, ge=1, le=100_000)
     gc_retention_ms: int = Field(default=60_000, ge=0, le=86_400_000)
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="larger request bodies are refused with a 413 before they are parsed",
+    )
+    idempotency_ttl_s: int = Field(
+        default=86_400,
+        ge=1,
+        le=30 * 86_400,
+        description="how long an Idempotency-Key is remembered (then cleaned up lazily)",
+    )
     auto_migrate: bool = True
     run_barrier_loop: bool = True
     spawn_embedded_worker: bool = True

@@ -189,23 +189,34 @@ class Worker:
                 collects.append(runner.on_barrier(self.conn, b))
         return collects
 
-    def _spark_runners(self) -> list[ActorRunner]:
-        """Actors whose next reads are large enough for a Spark job (per job on this worker)."""
+    def _spark_runners(self) -> list[ActorRunner | SourceRunner]:
+        """Actors whose next reads are large enough for a Spark job (per job on this worker).
+
+        Source actors count their splits' backlog up to the targets (Kafka ranges read
+        by Spark tasks); table actors the planner's estimate of their snapshot."""
         s = self.settings
         if self.spark is None or s.spark_mode == "never":
             return []
-        eligible = [
+        eligible: list[ActorRunner | SourceRunner] = [
             r
             for r in self.runners.values()
-            if isinstance(r, ActorRunner)
-            and (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
-            and r.executor.next_read(1) is not None
+            if (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
+            and (
+                r.has_reads()
+                if isinstance(r, SourceRunner)
+                else r.executor.next_read(1) is not None
+            )
         ]
         if s.spark_mode == "always":
             return eligible
         remaining: dict[int, int] = {}
         for r in eligible:
-            remaining[r.job_id] = remaining.get(r.job_id, 0) + r.remaining_estimate(self.conn)
+            left = (
+                r.remaining_estimate()
+                if isinstance(r, SourceRunner)
+                else r.remaining_estimate(self.conn)
+            )
+            remaining[r.job_id] = remaining.get(r.job_id, 0) + left
         return [r for r in eligible if remaining[r.job_id] >= s.spark_min_rows]
 
     def _read_until_next_barrier(self) -> None:

@@ -57,6 +57,8 @@ class SourceRunner:
         self.spec = KafkaSpec.from_json(job["source"]["kafka"])
         self.schema = TableSchema.from_json(job["upstream_schema"])
         self.mv = VersionedTable(job["mv_table"], TableSchema.from_json(job["mv_schema"]))
+        self.job_columns: list[str] = list(job["columns"])
+        self.job_filter: Any = job["filter"]
         self.view = View.build(self.schema, job["columns"], job["filter"])
         restore = assignment.get("restore") or {}
         self.executor = SourceBackfill(
@@ -87,6 +89,16 @@ class SourceRunner:
 
     def has_reads(self) -> bool:
         return bool(self.executor.next_reads(1))
+
+    def remaining_estimate(self) -> int:
+        """Messages its backfilling splits have left up to their targets (from the
+        executor's state, no Kafka round trip; a split not started counts from offset 0,
+        so a topic trimmed by retention is overestimated)."""
+        return sum(
+            p.target_offset - (-1 if p.offset is None else p.offset)
+            for p in self.executor.progress.values()
+            if p.state is SplitState.BACKFILLING and p.target_offset is not None
+        )
 
     # epochs -----------------------------------------------------------------
 

@@ -7,6 +7,11 @@ budget) and account for them from the per-vnode summaries the job sends back
 filter and projection run inside the Spark tasks with the same ``View`` as the driver
 path and the reference model.
 
+Source backfill (``_run_source_job``) works the same way over Kafka: the executor's
+``next_reads`` become offset ranges (one per split, up to its target), Spark tasks read
+them with confluent-kafka and write the visible rows (``kafka_datasource``), and each
+range's summary goes to ``on_backfill_summary``.
+
 Small epochs stay on the driver (``runtime``): a Spark job costs a few hundred ms of
 scheduling, more than reading a few thousand rows directly.
 """
@@ -19,13 +24,16 @@ import os
 import tempfile
 import threading
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from backfill_core.executors.messages import SnapshotRead
 from backfill_core.schema import coerce_value, value_to_json
 
 if TYPE_CHECKING:
+    from backfill_core.executors.source import OffsetRead
     from spark_workers.actors import ActorRunner
+    from spark_workers.source_actor import SourceRunner
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +48,17 @@ class SparkPath:
         self._spark: Any = None
         self._lock = threading.Lock()
         self.jobs = 0
+        self.source_jobs = 0  # of which source backfill reads (Kafka ranges)
 
     def session(self) -> Any:
         with self._lock:
             if self._spark is None:
                 self._spark = build_session(self.master)
                 from spark_workers.datasource import StoreDataSource
+                from spark_workers.kafka_datasource import KafkaBackfillDataSource
 
                 self._spark.dataSource.register(StoreDataSource)
+                self._spark.dataSource.register(KafkaBackfillDataSource)
             return self._spark
 
     def warm_up(self) -> None:
@@ -86,15 +97,85 @@ class SparkPath:
                 self._spark.stop()
                 self._spark = None
 
-    def run_epoch(self, runners: list[ActorRunner], max_rows: int) -> int:
+    def run_epoch(self, runners: Sequence[ActorRunner | SourceRunner], max_rows: int) -> int:
         """Read up to ``max_rows`` per job for these actors; returns the rows read."""
+        from spark_workers.source_actor import SourceRunner
+
         by_job: dict[int, list[ActorRunner]] = defaultdict(list)
+        sources: dict[tuple[int, int, int, int], list[SourceRunner]] = defaultdict(list)
         for r in runners:
-            by_job[r.job_id].append(r)
+            if isinstance(r, SourceRunner):
+                key = (r.job_id, r.graph_id, r.recovery_seq, r.executor.open_epoch)
+                sources[key].append(r)
+            else:
+                by_job[r.job_id].append(r)
         total = 0
         for group in by_job.values():
             total += self._run_job(group, max_rows)
+        for source_group in sources.values():
+            total += self._run_source_job(source_group, max_rows)
         return total
+
+    def _run_source_job(self, runners: list[SourceRunner], max_rows: int) -> int:
+        """One Spark job reads the next backfill range of every split these actors (of one
+        job, at one open epoch) still backfill, ``max_rows`` in all, and writes the visible
+        rows; the executors account for each range from its summary."""
+        from spark_workers.kafka_datasource import FORMAT
+
+        share = max(1, max_rows // len(runners))
+        reads: list[tuple[SourceRunner, OffsetRead, int]] = []
+        for r in runners:
+            planned = r.executor.next_reads(share)
+            if planned:
+                marks = r.client.watermarks([int(x.split) for x in planned])
+                reads += [(r, x, marks[int(x.split)][1]) for x in planned]
+        if not reads:
+            return 0
+        first = runners[0]
+        spark, n_parts = self._active_session(len(reads))
+        parts: list[list[Any]] = [[] for _ in range(n_parts)]
+        for i, (_, read, high) in enumerate(reads):
+            parts[i * n_parts // len(reads)].append(
+                [i, int(read.split), read.start, high, read.limit, read.target]
+            )
+        plan = {
+            "dsn": self.dsn,
+            "kafka": first.spec.to_json(),
+            "upstream_schema": first.schema.to_json(),
+            "mv_table": first.mv.name,
+            "mv_schema": first.mv.schema.to_json(),
+            "columns": first.job_columns,
+            "filter": first.job_filter,
+            "graph_id": first.graph_id,
+            "recovery_seq": first.recovery_seq,
+            "write_epoch": first.executor.open_epoch,
+            "partitions": parts,
+        }
+        got = {
+            row["read"]: row
+            for row in spark.read.format(FORMAT).option("plan", json.dumps(plan)).load().collect()
+        }
+        self.jobs += 1
+        self.source_jobs += 1
+        if set(got) != set(range(len(reads))):
+            raise RuntimeError(f"the Spark job summarized reads {sorted(got)} of {len(reads)}")
+        total = 0
+        for i, (r, read, _) in enumerate(reads):
+            s = got[i]
+            r.executor.on_backfill_summary(
+                read, s["rows_read"], s["last_offset"], s["visible"], last_visible=s["last_visible"]
+            )
+            total += s["rows_read"]
+        return total
+
+    def _active_session(self, reads: int) -> tuple[Any, int]:
+        """The session, active in this thread, and how many Spark partitions ``reads`` get."""
+        spark = self.session()
+        # Spark resolves the writer's data source through the calling thread's active
+        # session, which a thread that did not build the session lacks
+        spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
+        n_parts = self.partitions or max(1, int(spark.sparkContext.defaultParallelism))
+        return spark, min(n_parts, reads)
 
     def _run_job(self, runners: list[ActorRunner], max_rows: int) -> int:
         share = max(1, max_rows // len(runners))
@@ -104,12 +185,7 @@ class SparkPath:
         if not reads:
             return 0
         first = runners[0]
-        spark = self.session()
-        # Spark resolves the writer's data source through the calling thread's active
-        # session, which a thread that did not build the session lacks
-        spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
-        n_parts = self.partitions or max(1, int(spark.sparkContext.defaultParallelism))
-        n_parts = min(n_parts, len(reads))
+        spark, n_parts = self._active_session(len(reads))
         # contiguous groups of vnodes, as even as the rows allow
         parts: list[list[Any]] = [[] for _ in range(n_parts)]
         for i, (r, read) in enumerate(reads):

@@ -12,7 +12,9 @@ tuples in the schema's column order; identifiers are always quoted with
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -54,6 +56,14 @@ class VersionedTable:
         self.name = name
         self.schema = schema
         self.ident = sql.Identifier(SCHEMA, name)
+        # names of the table's own objects (indexes, the staging table): a leading "_"
+        # that no table name has, and a digest of name and schema, so they never clash
+        # with a table, with another table's objects (names are cut at 63 bytes), or with
+        # a staging table left in a pooled session by a dropped table of the same name
+        digest = hashlib.blake2b(
+            json.dumps([name, schema.to_json()], sort_keys=True).encode(), digest_size=6
+        ).hexdigest()
+        self._internal_prefix = f"_{name[:40]}_{digest}"
         self.pk = list(schema.primary_key)
         self.values = [c.name for c in schema.value_columns]
         self.names = list(schema.names)
@@ -108,12 +118,14 @@ class VersionedTable:
         )
         cur.execute(
             sql.SQL("CREATE UNIQUE INDEX {} ON {} ({})").format(
-                sql.Identifier(f"{self.name}_key"[:63]), self.ident, key_cols
+                sql.Identifier(f"{self._internal_prefix}_key"), self.ident, key_cols
             )
         )
         cur.execute(
             sql.SQL("CREATE INDEX {} ON {} ({})").format(
-                sql.Identifier(f"{self.name}_epoch"[:63]), self.ident, sql.Identifier(EPOCH)
+                sql.Identifier(f"{self._internal_prefix}_epoch"),
+                self.ident,
+                sql.Identifier(EPOCH),
             )
         )
 
@@ -199,7 +211,7 @@ class VersionedTable:
         cur.execute("RELEASE SAVEPOINT store_write")
 
     def _upsert(self, cur: Any, buf: Any, csv: bool = False) -> None:
-        staging = sql.Identifier(f"_staging_{self.name}"[:63])
+        staging = sql.Identifier(f"{self._internal_prefix}_staging")
         cur.execute(
             sql.SQL(
                 "CREATE TEMP TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"

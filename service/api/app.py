@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from service import migrate
 from service.api import dashboard, events, health, jobs, metrics, sources, tables, workers
 from service.api.errors import install_error_handlers
+from service.api.limits import BodySizeLimit
 from service.context import ServiceContext
 from service.db import Database
 from service.meta import metrics as meta_metrics
@@ -65,7 +66,8 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    app.middleware("http")(_measure)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.middleware("http")(_measure)  # outermost: counts the 413s too
     app.include_router(health.router)
     app.include_router(tables.router)
     app.include_router(sources.router)

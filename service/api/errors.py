@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -27,9 +28,30 @@ class ErrorResponse(BaseModel):
     error: ErrorBody
 
 
-def error_response(status: int, code: str, message: str, details: Any = None) -> JSONResponse:
+class _ErrorJSON(JSONResponse):
+    """ASCII-escaped: an error may quote hostile input (a lone surrogate, say), and the
+    answer must still be valid UTF-8."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":"), default=str).encode()
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    details: Any = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     body = {"error": {"code": code, "message": message, "details": jsonable_encoder(details)}}
-    return JSONResponse(status_code=status, content=body)
+    return _ErrorJSON(status_code=status, content=body, headers=headers)
+
+
+def service_error_response(exc: ServiceError) -> JSONResponse:
+    """The one mapping of the service's errors to HTTP."""
+    if exc.status >= 500:
+        log.error("service error: %s", exc.message)
+    return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
 
 
 # declared on every router so the OpenAPI document shows the real error shape
@@ -39,6 +61,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (400, "Malformed request"),
         (404, "Not found"),
         (409, "Conflict with the current state"),
+        (413, "Request body too large"),
         (422, "Validation error"),
     )
 }
@@ -58,9 +81,7 @@ _HTTP_CODES = {
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        if exc.status >= 500:
-            log.error("service error: %s", exc.message)
-        return error_response(exc.status, exc.code, exc.message, exc.details)
+        return service_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -79,7 +100,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail))
+        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -7,12 +7,13 @@ import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from service.api.conditional import NOT_MODIFIED, conditional
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
+from service.api.idempotency import IdempotencyHeader, idempotent
+from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.catalog import jobs
 from service.catalog import verify as verification
 from service.catalog.models import Job
@@ -33,11 +34,24 @@ class Upstream(BaseModel):
         return {k: v for k, v in handler(self).items() if v is not None}
 
 
-class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class JobCreate(RequestBody):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "big_orders",
+                    "upstream": {"table": "orders"},
+                    "columns": ["id", "amount"],
+                    "filter": {"col": "amount", "op": ">=", "value": "100"},
+                    "backfill": "snapshot",
+                    "parallelism": 4,
+                }
+            ]
+        }
+    )
     name: str = Field(max_length=63, examples=["big_orders"])
     upstream: Upstream
-    columns: list[str] | None = Field(
+    columns: list[Annotated[str, Field(max_length=63)]] | None = Field(
         default=None, max_length=1000, description="default: every column"
     )
     filter: dict[str, Any] | None = Field(
@@ -46,14 +60,13 @@ class JobCreate(BaseModel):
     backfill: Literal["arrangement", "chain", "snapshot", "source", "auto"] = "auto"
     parallelism: int = Field(default=4, ge=1, le=256)
     rate_limit: int | None = Field(
-        default=None, ge=0, description="rows/s per actor; null: none, 0: paused"
+        default=None, ge=0, le=MAX_INT32, description="rows/s per actor; null: none, 0: paused"
     )
     background: bool = Field(default=True, description="false: answer once the job is created")
 
 
-class JobPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    rate_limit: int | None = Field(default=None, ge=0)
+class JobPatch(RequestBody):
+    rate_limit: int | None = Field(default=None, ge=0, le=MAX_INT32)
     parallelism: int | None = Field(default=None, ge=1, le=256)
 
 
@@ -169,7 +182,7 @@ def _view(ctx: ServiceContext, job: Job) -> JobView:
 
 
 @router.post("", status_code=202, response_model=JobView, responses={201: {"model": JobView}})
-def create_job(body: JobCreate, ctx: Ctx) -> Any:
+def create_job(body: JobCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
     spec = jobs.JobSpec(
         name=body.name,
         upstream_table=body.upstream.table,
@@ -180,17 +193,26 @@ def create_job(body: JobCreate, ctx: Ctx) -> Any:
         parallelism=body.parallelism,
         rate_limit=body.rate_limit,
     )
-    job = jobs.create_job(ctx.db, spec)
-    if body.background:
-        return JSONResponse(status_code=202, content=_view(ctx, job).model_dump(mode="json"))
-    deadline = time.monotonic() + FOREGROUND_TIMEOUT_S
+    return idempotent(
+        ctx,
+        keyed,
+        create=lambda claim: jobs.create_job(ctx.db, spec, claim=claim),
+        respond=lambda job: _answer_create(ctx, job, body.background),
+        reload=lambda ref: jobs.get_job(ctx.db, ref["job"]),
+        respond_within_s=60.0 if body.background else FOREGROUND_TIMEOUT_S + 60.0,
+    )
+
+
+def _answer_create(ctx: ServiceContext, job: Job, background: bool) -> tuple[int, JobView]:
+    """202 with the creating job; in the foreground, 201 once it is created (or 202
+    when that takes longer than FOREGROUND_TIMEOUT_S)."""
+    deadline = time.monotonic() + (0.0 if background else FOREGROUND_TIMEOUT_S)
     delay = 0.01
     while job.state == "creating" and time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
         job = jobs.get_job(ctx.db, job.id)
-    status = 201 if job.state == "created" else 202
-    return JSONResponse(status_code=status, content=_view(ctx, job).model_dump(mode="json"))
+    return (201 if job.state == "created" and not background else 202), _view(ctx, job)
 
 
 @router.get("", response_model=JobList, responses=NOT_MODIFIED)
@@ -296,6 +318,6 @@ def drop_job(job_id: int, ctx: Ctx) -> Response:
 
 @router.get("/{job_id}/verify", response_model=verification.Verification)
 def verify(
-    job_id: int, ctx: Ctx, epoch: Annotated[int | None, Query(ge=1)] = None
+    job_id: int, ctx: Ctx, epoch: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None
 ) -> verification.Verification:
     return verification.verify(ctx.db, job_id, epoch)

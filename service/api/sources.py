@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from backfill_core.schema import Column, SchemaError, parse_type
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
+from service.api.idempotency import IdempotencyHeader, idempotent
+from service.api.limits import MAX_INT32, RequestBody
 from service.api.tables import ColumnSpec
 from service.catalog import sources
 from service.catalog.models import Source
@@ -32,8 +34,21 @@ class KafkaSettings(BaseModel):
     )
 
 
-class SourceCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SourceCreate(RequestBody):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "orders_events",
+                    "kafka": {"bootstrap_servers": "kafka:9092", "topic": "orders"},
+                    "columns": [
+                        {"name": "id", "type": "bigint"},
+                        {"name": "amount", "type": "double"},
+                    ],
+                }
+            ]
+        }
+    )
     name: str = Field(max_length=63, examples=["orders_events"])
     kafka: KafkaSettings
     format: Literal["json"] = "json"
@@ -44,7 +59,10 @@ class SourceCreate(BaseModel):
         "added and form the key",
     )
     rate_limit: int | None = Field(
-        default=None, ge=0, description="messages/s the shared source reads; null: no limit"
+        default=None,
+        ge=0,
+        le=MAX_INT32,
+        description="messages/s the shared source reads; null: no limit",
     )
 
 
@@ -89,16 +107,23 @@ def _columns(body: SourceCreate) -> list[Column]:
 
 
 @router.post("", status_code=201, response_model=SourceView)
-def create_source(body: SourceCreate, ctx: Ctx) -> SourceView:
-    src = sources.create_source(
-        ctx.db,
-        body.name,
-        body.kafka.model_dump(),
-        _columns(body),
-        body.rate_limit,
-        ctx.settings.default_vnode_count,
+def create_source(body: SourceCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
+    columns = _columns(body)
+    return idempotent(
+        ctx,
+        keyed,
+        create=lambda claim: sources.create_source(
+            ctx.db,
+            body.name,
+            body.kafka.model_dump(),
+            columns,
+            body.rate_limit,
+            ctx.settings.default_vnode_count,
+            claim=claim,
+        ),
+        respond=lambda src: (201, _view(src)),
+        reload=lambda ref: sources.read_source(ctx.db, ref["source"]),
     )
-    return _view(src)
 
 
 @router.get("", response_model=SourceList)

@@ -11,6 +11,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from backfill_core.schema import Column, SchemaError, TableSchema, parse_type
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
+from service.api.idempotency import IdempotencyHeader, idempotent
+from service.api.limits import MAX_BIGINT, RequestBody
 from service.catalog import tables
 from service.catalog.models import Relation
 from service.context import ServiceContext
@@ -32,8 +34,22 @@ class ColumnSpec(BaseModel):
     nullable: bool = True
 
 
-class TableCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TableCreate(RequestBody):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "orders",
+                    "columns": [
+                        {"name": "id", "type": "bigint", "nullable": False},
+                        {"name": "customer", "type": "text"},
+                        {"name": "amount", "type": "numeric"},
+                    ],
+                    "primary_key": ["id"],
+                }
+            ]
+        }
+    )
     name: str = Field(max_length=63, examples=["orders"])
     columns: list[ColumnSpec] = Field(min_length=1, max_length=1000)
     primary_key: list[str] = Field(min_length=1, max_length=32)
@@ -61,8 +77,19 @@ class DmlOpSpec(BaseModel):
     row: dict[str, Any]
 
 
-class DmlRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DmlRequest(RequestBody):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "ops": [
+                        {"op": "insert", "row": {"id": 1, "customer": "ada", "amount": "250.00"}},
+                        {"op": "update", "row": {"id": 1, "amount": "275.00"}},
+                    ]
+                }
+            ]
+        }
+    )
     ops: list[DmlOpSpec] = Field(min_length=1, max_length=MAX_DML_OPS)
 
 
@@ -108,9 +135,15 @@ def _schema(body: TableCreate, default_vnodes: int) -> TableSchema:
 
 
 @router.post("", status_code=201, response_model=TableView)
-def create_table(body: TableCreate, ctx: Ctx) -> TableView:
+def create_table(body: TableCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
     schema = _schema(body, ctx.settings.default_vnode_count)
-    return _view(tables.create_table(ctx.db, body.name, schema))
+    return idempotent(
+        ctx,
+        keyed,
+        create=lambda claim: tables.create_table(ctx.db, body.name, schema, claim=claim),
+        respond=lambda rel: (201, _view(rel)),
+        reload=lambda ref: tables.get_table(ctx.db, ref["table"]),
+    )
 
 
 @router.get("", response_model=TableList)
@@ -161,7 +194,7 @@ def read_rows(
     name: str,
     ctx: Ctx,
     epoch: Annotated[
-        int | None, Query(ge=1, description="default: the latest committed epoch")
+        int | None, Query(ge=1, le=MAX_BIGINT, description="default: the latest committed epoch")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     after: Annotated[

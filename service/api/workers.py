@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
+from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.context import ServiceContext
 from service.meta import workers
 
@@ -21,8 +22,7 @@ router = APIRouter(
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 
 
-class RegisterRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RegisterRequest(RequestBody):
     name: str = Field(min_length=1, max_length=200)
     capacity: int = Field(default=4, ge=1, le=1024, description="actors it can run")
 
@@ -70,13 +70,12 @@ class PollResponse(BaseModel):
     assignments: list[ActorAssignment]
 
 
-class CollectRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    actor_id: int
-    prev_epoch: int = Field(ge=0)
-    curr_epoch: int = Field(ge=1)
+class CollectRequest(RequestBody):
+    actor_id: int = Field(ge=0, le=MAX_INT32)
+    prev_epoch: int = Field(ge=0, le=MAX_BIGINT)
+    curr_epoch: int = Field(ge=1, le=MAX_BIGINT)
     progress: dict[str, Any] | None = None
-    rows: int = Field(default=0, ge=0)
+    rows: int = Field(default=0, ge=0, le=MAX_BIGINT)
     finished: bool = False
 
 
@@ -85,8 +84,7 @@ class CollectResponse(BaseModel):
     committed_epoch: int
 
 
-class CollectBatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class CollectBatch(RequestBody):
     collects: list[CollectRequest] = Field(min_length=1, max_length=1000)
 
 
@@ -94,9 +92,8 @@ class CollectBatchResponse(BaseModel):
     results: list[CollectResponse]
 
 
-class FailureReport(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    actor_id: int | None = None
+class FailureReport(RequestBody):
+    actor_id: int | None = Field(default=None, ge=0, le=MAX_INT32)
     message: str = Field(max_length=10_000)
 
 

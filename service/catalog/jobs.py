@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backfill_core.epoch import lag_ms
@@ -17,7 +18,7 @@ from backfill_core.schema import (
 )
 from backfill_core.view import View
 from connectors.kafka import KafkaSpec, KafkaUnavailable, topic_watermarks
-from service.catalog import events
+from service.catalog import events, idempotency
 from service.catalog.models import (
     Actor,
     Barrier,
@@ -34,7 +35,7 @@ from service.catalog.models import (
 from service.catalog.sources import get_source
 from service.catalog.tables import _get as get_relation
 from service.catalog.tables import storage_of
-from service.db import Database, raw_cursor
+from service.db import Database, raw_cursor, unique_violation
 from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.meta.barriers import enqueue_mutation
 from service.meta.epochs import MAIN_GRAPH_ID
@@ -80,7 +81,7 @@ def resolve_kind(kind: str, *, source: bool = False) -> str:
     return kind
 
 
-def create_job(db: Database, spec: JobSpec) -> Job:
+def create_job(db: Database, spec: JobSpec, claim: idempotency.Claim | None = None) -> Job:
     try:
         validate_identifier(spec.name, "job name")
     except SchemaError as e:
@@ -93,81 +94,99 @@ def create_job(db: Database, spec: JobSpec) -> Job:
     source_total = None
     if spec.upstream_source is not None:
         source_total = _source_backlog(db, spec.upstream_source)
-    with db.transaction() as s:
-        upstream: Relation | None = None
-        source: Source | None = None
-        if spec.upstream_source is not None:
-            source = get_source(s, spec.upstream_source, share=True)
-            up_schema = TableSchema.from_json(source.schema)
-            max_parallelism = min(MAX_PARALLELISM, len(source.start_offsets))
-            unit = "the topic's partitions"
-        else:
-            assert spec.upstream_table is not None
-            upstream = get_relation(s, spec.upstream_table, share=True)
-            up_schema = TableSchema.from_json(upstream.schema)
-            max_parallelism = min(MAX_PARALLELISM, up_schema.vnode_count)
-            unit = "the upstream's vnodes"
-        columns = list(spec.columns) if spec.columns else list(up_schema.names)
-        try:
-            view = View.build(up_schema, columns, spec.filter)
-        except SchemaError as e:
-            raise Invalid(e.message, {"field": e.path}) from None
-        if not 1 <= spec.parallelism <= max_parallelism:
-            raise Invalid(
-                f"parallelism must be in 1..{max_parallelism} (at most {unit})",
-                {"field": "parallelism"},
-            )
-        taken = (
-            s.execute(select(Relation.id).where(Relation.name == spec.name)).first()
-            or s.execute(select(Job.id).where(Job.name == spec.name)).first()
-        )
-        if taken:
+    try:
+        with db.transaction() as s:
+            if claim is not None:
+                idempotency.claim(s, claim)
+            job = _insert_job(s, spec, kind, source_total)
+            idempotency.created(s, claim, {"job": job.id})
+            return job
+    except IntegrityError as e:
+        if unique_violation(e) in (
+            "uq_relations_name",
+            "uq_relations_storage_table",
+            "uq_jobs_name",
+        ):
+            # a concurrent create of the same name committed first
             raise Conflict(
                 f"a table or job named {spec.name!r} already exists", {"name": spec.name}
-            )
-        mv = Relation(
-            name=spec.name,
-            kind="mv",
-            schema=view.schema.to_json(),
-            storage_table=spec.name,
-            graph_id=MAIN_GRAPH_ID,
+            ) from None
+        raise
+
+
+def _insert_job(s: Session, spec: JobSpec, kind: str, source_total: int | None) -> Job:
+    upstream: Relation | None = None
+    source: Source | None = None
+    if spec.upstream_source is not None:
+        source = get_source(s, spec.upstream_source, share=True)
+        up_schema = TableSchema.from_json(source.schema)
+        max_parallelism = min(MAX_PARALLELISM, len(source.start_offsets))
+        unit = "the topic's partitions"
+    else:
+        assert spec.upstream_table is not None
+        upstream = get_relation(s, spec.upstream_table, share=True)
+        up_schema = TableSchema.from_json(upstream.schema)
+        max_parallelism = min(MAX_PARALLELISM, up_schema.vnode_count)
+        unit = "the upstream's vnodes"
+    columns = list(spec.columns) if spec.columns else list(up_schema.names)
+    try:
+        view = View.build(up_schema, columns, spec.filter)
+    except SchemaError as e:
+        raise Invalid(e.message, {"field": e.path}) from None
+    if not 1 <= spec.parallelism <= max_parallelism:
+        raise Invalid(
+            f"parallelism must be in 1..{max_parallelism} (at most {unit})",
+            {"field": "parallelism"},
         )
-        s.add(mv)
-        s.flush()
-        storage_of(mv).create(raw_cursor(s))
-        job = Job(
-            name=spec.name,
-            kind=kind,
-            state="creating",
-            paused=False,
-            rate_limit=spec.rate_limit,
-            parallelism=spec.parallelism,
-            upstream_relation_id=upstream.id if upstream else None,
-            upstream_source_id=source.id if source else None,
-            mv_relation_id=mv.id,
-            columns=columns,
-            filter=spec.filter,
-            graph_id=MAIN_GRAPH_ID,
-        )
-        s.add(job)
-        s.flush()
-        if kind in ("chain", "snapshot"):
-            assert upstream is not None
-            # one fixed snapshot (and then its change logs) for the whole backfill:
-            # garbage collection must keep them until the job is created
-            committed = s.execute(
-                select(Graph.committed_epoch).where(Graph.id == MAIN_GRAPH_ID)
-            ).scalar_one()
-            s.add(EpochPin(relation_id=upstream.id, holder=f"job:{job.id}", epoch=committed))
-        if kind == "snapshot":
-            _creating_graph(s, job, mv, upstream, committed)
-        place_job_actors(s, job, up_schema.vnode_count, splits=_splits_of(source))
-        # the total behind the percent: the upstream as the backfill starts, fixed, so
-        # the percent never goes back while the upstream grows
-        total = source_total if source is not None else _estimate(s, job)
-        s.add(JobProgress(job_id=job.id, total_estimate=total or None))
-        events.record(s, "job_created", job.id, name=job.name, backfill=kind)
-        return job
+    taken = (
+        s.execute(select(Relation.id).where(Relation.name == spec.name)).first()
+        or s.execute(select(Job.id).where(Job.name == spec.name)).first()
+    )
+    if taken:
+        raise Conflict(f"a table or job named {spec.name!r} already exists", {"name": spec.name})
+    mv = Relation(
+        name=spec.name,
+        kind="mv",
+        schema=view.schema.to_json(),
+        storage_table=spec.name,
+        graph_id=MAIN_GRAPH_ID,
+    )
+    s.add(mv)
+    s.flush()
+    storage_of(mv).create(raw_cursor(s))
+    job = Job(
+        name=spec.name,
+        kind=kind,
+        state="creating",
+        paused=False,
+        rate_limit=spec.rate_limit,
+        parallelism=spec.parallelism,
+        upstream_relation_id=upstream.id if upstream else None,
+        upstream_source_id=source.id if source else None,
+        mv_relation_id=mv.id,
+        columns=columns,
+        filter=spec.filter,
+        graph_id=MAIN_GRAPH_ID,
+    )
+    s.add(job)
+    s.flush()
+    if kind in ("chain", "snapshot"):
+        assert upstream is not None
+        # one fixed snapshot (and then its change logs) for the whole backfill:
+        # garbage collection must keep them until the job is created
+        committed = s.execute(
+            select(Graph.committed_epoch).where(Graph.id == MAIN_GRAPH_ID)
+        ).scalar_one()
+        s.add(EpochPin(relation_id=upstream.id, holder=f"job:{job.id}", epoch=committed))
+    if kind == "snapshot":
+        _creating_graph(s, job, mv, upstream, committed)
+    place_job_actors(s, job, up_schema.vnode_count, splits=_splits_of(source))
+    # the total behind the percent: the upstream as the backfill starts, fixed, so
+    # the percent never goes back while the upstream grows
+    total = source_total if source is not None else _estimate(s, job)
+    s.add(JobProgress(job_id=job.id, total_estimate=total or None))
+    events.record(s, "job_created", job.id, name=job.name, backfill=kind)
+    return job
 
 
 def _splits_of(source: Source | None) -> list[str] | None:

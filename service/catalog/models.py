@@ -252,3 +252,21 @@ class JobProgress(Base):
     rows_per_s: Mapped[float] = mapped_column(Float, default=0.0)
     # the upstream's row estimate at the job's creation (None: unknown then)
     total_estimate: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class IdempotencyKey(Base):
+    """A create's Idempotency-Key: what it created and the answer it gave (replayed to
+    retries with the same key and body until it expires)."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (Index("ix_idempotency_keys_expires_at", "expires_at"),)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    fingerprint: Mapped[str] = mapped_column(Text)  # sha256 of method, path, canonical body
+    method: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(Text)
+    resource: Mapped[dict[str, Any] | None]  # e.g. {"table": "orders"}, {"job": 12}
+    status_code: Mapped[int | None] = mapped_column(Integer)  # null until recorded
+    response: Mapped[str | None] = mapped_column(Text)  # the exact JSON body
+    created_at: Mapped[dt.datetime] = _now()
+    respond_by: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))

@@ -15,9 +15,16 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from backfill_core.schema import Column, SchemaError, validate_identifier
-from connectors.kafka import RESERVED_PROPERTIES, KafkaSpec, KafkaUnavailable, topic_watermarks
+from backfill_core.schema import Column, SchemaError, is_identifier, validate_identifier
+from connectors.kafka import (
+    RESERVED_PROPERTIES,
+    KafkaConfigError,
+    KafkaSpec,
+    KafkaUnavailable,
+    topic_watermarks,
+)
 from connectors.kafka import source_schema as build_schema
+from service.catalog import idempotency
 from service.catalog.models import Job, Source
 from service.db import Database
 from service.errors import Conflict, Invalid, NotFound
@@ -26,10 +33,12 @@ TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 ACTIVE_JOB_STATES = ("creating", "created")
 
 
-def get_source(session: Session, name: str, *, share: bool = False) -> Source:
+def get_source(session: Session, name: str, *, share: bool = False, lock: bool = False) -> Source:
+    if not is_identifier(name):  # cannot exist (and may not even be storable text)
+        raise NotFound(f"source {name!r} does not exist", {"name": name})
     q = select(Source).where(Source.name == name)
-    if share:
-        q = q.with_for_update(read=True)
+    if share or lock:
+        q = q.with_for_update(read=not lock)
     src = session.execute(q).scalar_one_or_none()
     if src is None:
         raise NotFound(f"source {name!r} does not exist", {"name": name})
@@ -60,6 +69,7 @@ def create_source(
     columns: Sequence[Column],
     rate_limit: int | None,
     vnode_count: int,
+    claim: idempotency.Claim | None = None,
 ) -> Source:
     try:
         validate_identifier(name, "source name")
@@ -78,10 +88,14 @@ def create_source(
     # source that never advances
     try:
         marks = topic_watermarks(spec)
+    except KafkaConfigError as e:
+        raise Invalid(str(e), {"field": "kafka.properties"}) from None
     except KafkaUnavailable as e:
         raise Invalid(str(e), {"field": "kafka"}, code="kafka_unavailable") from None
     try:
         with db.transaction() as s:
+            if claim is not None:
+                idempotency.claim(s, claim)
             if s.execute(select(Source.id).where(Source.name == name)).first():
                 raise Conflict(f"source {name!r} already exists", {"name": name})
             src = Source(
@@ -98,6 +112,7 @@ def create_source(
             )
             s.add(src)
             s.flush()
+            idempotency.created(s, claim, {"source": name})
             return src
     except IntegrityError:
         raise Conflict(f"source {name!r} already exists", {"name": name}) from None
@@ -115,11 +130,7 @@ def read_source(db: Database, name: str) -> Source:
 
 def drop_source(db: Database, name: str) -> None:
     with db.transaction() as s:
-        src = s.execute(
-            select(Source).where(Source.name == name).with_for_update()
-        ).scalar_one_or_none()
-        if src is None:
-            raise NotFound(f"source {name!r} does not exist", {"name": name})
+        src = get_source(s, name, lock=True)
         readers = list(
             s.execute(
                 select(Job.name).where(

@@ -18,7 +18,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from backfill_core.changes import Row, Version
-from backfill_core.schema import SchemaError, TableSchema, validate_identifier
+from backfill_core.schema import SchemaError, TableSchema, is_identifier, validate_identifier
+from service.catalog import idempotency
 from service.catalog.models import Graph, Job, Relation
 from service.clock import Clock
 from service.db import Database, raw_cursor
@@ -47,6 +48,8 @@ def storage_of(rel: Relation) -> VersionedTable:
 
 
 def _get(session: Session, name: str, *, lock: bool = False, share: bool = False) -> Relation:
+    if not is_identifier(name):  # cannot exist (and may not even be storable text)
+        raise NotFound(f"table {name!r} does not exist", {"name": name})
     q = select(Relation).where(Relation.name == name)
     if lock or share:
         q = q.with_for_update(read=share and not lock)
@@ -56,13 +59,21 @@ def _get(session: Session, name: str, *, lock: bool = False, share: bool = False
     return rel
 
 
-def create_table(db: Database, name: str, schema: TableSchema, kind: str = "table") -> Relation:
+def create_table(
+    db: Database,
+    name: str,
+    schema: TableSchema,
+    kind: str = "table",
+    claim: idempotency.Claim | None = None,
+) -> Relation:
     try:
         validate_identifier(name, "table name")
     except SchemaError as e:
         raise Invalid(e.message, {"field": "name"}) from None
     try:
         with db.transaction() as s:
+            if claim is not None:
+                idempotency.claim(s, claim)
             if s.execute(select(Relation.id).where(Relation.name == name)).first():
                 raise Conflict(f"table {name!r} already exists", {"name": name})
             rel = Relation(
@@ -75,6 +86,7 @@ def create_table(db: Database, name: str, schema: TableSchema, kind: str = "tabl
             s.add(rel)
             s.flush()
             storage_of(rel).create(raw_cursor(s))
+            idempotency.created(s, claim, {"table": name})
             return rel
     except IntegrityError:
         # a concurrent create of the same name won the race

@@ -96,6 +96,11 @@ def test_coerce_row() -> None:
         (ColumnType.SMALLINT, 40000),
         (ColumnType.DOUBLE, "1.0"),
         (ColumnType.NUMERIC, "NaN"),
+        (ColumnType.NUMERIC, "1e131072"),  # beyond Postgres's numeric
+        (ColumnType.NUMERIC, "1e-16384"),
+        (ColumnType.JSONB, {"a": ["nul\x00"]}),
+        (ColumnType.JSONB, {"key \x00": 1}),
+        (ColumnType.JSONB, ["lone \ud800"]),
         (ColumnType.TEXT, "nul\x00"),
         (ColumnType.TEXT, "lone \ud800 surrogate"),
         (ColumnType.BOOLEAN, 1),
@@ -108,6 +113,18 @@ def test_coerce_row() -> None:
 def test_bad_values(t: ColumnType, raw: object) -> None:
     with pytest.raises(SchemaError):
         coerce_value(t, raw)
+
+
+def test_values_at_postgres_limits() -> None:
+    assert coerce_value(ColumnType.NUMERIC, "1e131071") == Decimal("1e131071")
+    assert coerce_value(ColumnType.NUMERIC, "1e-16383") == Decimal("1e-16383")
+    assert coerce_value(ColumnType.NUMERIC, "0e999999") == 0
+    deep: object = 1
+    for _ in range(100):
+        deep = [deep]
+    assert coerce_value(ColumnType.JSONB, deep) == deep
+    with pytest.raises(SchemaError, match="deeper"):
+        coerce_value(ColumnType.JSONB, [deep])
 
 
 def test_json_round_trip() -> None:

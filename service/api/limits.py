@@ -1,0 +1,116 @@
+"""Limits on what a request may carry, checked before anything is parsed or stored.
+
+* ``BodySizeLimit``: a body over ``max_body_bytes`` is a 413 ``payload_too_large``, from
+  its ``Content-Length`` before a byte is read, or once a chunked body grows past it.
+* ``RequestBody``: the base of every JSON request model: no unknown fields, and no text
+  Postgres cannot store (the NUL character, lone surrogates) anywhere in the body, in
+  keys or values, so such input is a 422 and never a database error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, model_validator
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.api.errors import service_error_response
+from service.errors import BadRequest, PayloadTooLarge, ServiceError
+
+MAX_INT32 = 2**31 - 1  # rate limits and the like are Postgres integers
+MAX_BIGINT = 2**63 - 1  # epochs and offsets
+
+
+def _bad_text(value: str) -> str | None:
+    if "\x00" in value:
+        return "the NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a lone surrogate"
+    return None
+
+
+def check_text(data: Any) -> None:
+    """Raise ValueError naming the first string (key or value) Postgres cannot store."""
+    todo: list[tuple[Any, str]] = [(data, "body")]
+    while todo:
+        value, path = todo.pop()
+        if isinstance(value, str):
+            why = _bad_text(value)
+            if why:
+                raise ValueError(f"{path}: text may not contain {why}")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                if isinstance(k, str) and (why := _bad_text(k)):
+                    raise ValueError(f"{path}: a key may not contain {why}")
+                todo.append((v, f"{path}.{k}"))
+        elif isinstance(value, list):
+            todo.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+
+
+class RequestBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable_text(cls, data: Any) -> Any:
+        check_text(data)
+        return data
+
+
+class BodySizeLimit:
+    """Pure ASGI middleware: refuse request bodies over ``max_bytes`` with a 413."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                await self._refuse(scope, receive, send, BadRequest("invalid Content-Length"))
+                return
+            if declared > self.max_bytes:
+                await self._refuse(scope, receive, send, self._too_large())
+                return
+        # read the body here (a chunked one has no length to check), then hand it on
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away: let the app see that
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send, self._too_large())
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+                break
+        first: list[Message] = [message]
+
+        async def replay() -> Message:
+            return first.pop() if first else await receive()
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"the request body is larger than {self.max_bytes} bytes",
+            {"max_bytes": self.max_bytes},
+        )
+
+    @staticmethod
+    async def _refuse(scope: Scope, receive: Receive, send: Send, exc: ServiceError) -> None:
+        response = service_error_response(exc)
+        response.headers["Connection"] = "close"  # the rest of the body is not read
+        await response(scope, receive, send)
