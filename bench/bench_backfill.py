@@ -10,22 +10,18 @@ the job is created through the API and timed until it reads ``created``.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
-import httpx
 import psycopg2
 
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
+from bench._live import live_worker, time_until_created
 from bench._pg import fresh_database
 from service.catalog.tables import create_table, storage_of
 from service.db import Database
 from service.embedded_pg import to_libpq_url
-from service.settings import Settings
-from spark_workers.runtime import Worker
-from tests.kit.live import live_server
 
 SCHEMA = TableSchema.build(
     [
@@ -86,45 +82,16 @@ def _insert_select(conn: Any) -> float:
 
 
 def _create_mv(db: Database, url: str, interval_ms: int, name: str, n: int) -> float:
-    settings = Settings(
-        database_url=url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False
-    )
-    with live_server(settings, db) as base:
-        worker = Worker(base, f"bench-{interval_ms}", settings=Settings())
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
-            with httpx.Client(base_url=base, timeout=120) as http:
-                deadline = time.monotonic() + 120
-                while worker.spark is None:
-                    assert time.monotonic() < deadline, "the worker did not register"
-                    time.sleep(0.05)
-                worker.spark.warm_up()  # a worker is long-lived
-                t0 = time.perf_counter()
-                r = http.post(
-                    "/v1/jobs",
-                    json={
-                        "name": name,
-                        "upstream": {"table": "orders"},
-                        "columns": ["id", "amount", "note"],
-                        "backfill": "arrangement",
-                        "parallelism": 4,
-                    },
-                )
-                assert r.status_code == 202, r.text
-                job = r.json()["id"]
-                deadline = time.monotonic() + 1800
-                while (state := http.get(f"/v1/jobs/{job}").json()["state"]) != "created":
-                    assert state == "creating", f"job {state}"
-                    assert time.monotonic() < deadline, "the backfill did not finish"
-                    time.sleep(0.05)
-                elapsed = time.perf_counter() - t0
-                rows = http.get(f"/v1/jobs/{job}/progress").json()["rows"]
-                assert rows == n, f"the backfill read {rows} rows, not {n}"
-                assert worker.spark.jobs > 0, "the Spark path was not used"
-        finally:
-            worker.stop_event.set()
-            thread.join(timeout=60)
+    with live_worker(db, url, interval_ms, f"bench-{interval_ms}") as (http, worker):
+        job = {
+            "name": name,
+            "upstream": {"table": "orders"},
+            "columns": ["id", "amount", "note"],
+            "backfill": "arrangement",
+            "parallelism": 4,
+        }
+        elapsed = time_until_created(http, job, n)
+        assert worker.spark is not None and worker.spark.jobs > 0, "the Spark path was not used"
     return elapsed
 
 

@@ -7,23 +7,19 @@ mock cluster in this process, so both sides pay the same broker costs.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
-import httpx
 import psycopg2
 
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType
+from bench._live import live_worker, time_until_created
 from bench._pg import fresh_database
 from connectors.kafka import KafkaClient, KafkaSpec, parse_row, source_schema
 from service.embedded_pg import to_libpq_url
-from service.settings import Settings
-from spark_workers.runtime import Worker
 from state_store.versioned import VersionedTable
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka
-from tests.kit.live import live_server
 
 TOPIC = "orders"
 COLUMNS = [
@@ -80,46 +76,18 @@ def _plain_consumer(kafka: MockKafka, url: str, n: int) -> float:
 
 
 def _source_backfill(kafka: MockKafka, db: Any, url: str, n: int) -> float:
-    settings = Settings(database_url=url, barrier_interval_ms=1000, spawn_embedded_worker=False)
-    with live_server(settings, db) as base:
-        worker = Worker(base, "bench-source", settings=Settings())
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        try:
-            with httpx.Client(base_url=base, timeout=120) as http:
-                deadline = time.monotonic() + 120
-                while worker.spark is None:
-                    assert time.monotonic() < deadline, "the worker did not register"
-                    time.sleep(0.05)
-                worker.spark.warm_up()  # a worker is long-lived
-                r = http.post(
-                    "/v1/sources",
-                    json={
-                        "name": TOPIC,
-                        "kafka": {"bootstrap_servers": kafka.bootstrap, "topic": TOPIC},
-                        "columns": [c.to_json() for c in COLUMNS],
-                    },
-                )
-                assert r.status_code == 201, r.text
-                t0 = time.perf_counter()
-                r = http.post(
-                    "/v1/jobs",
-                    json={"name": "orders_mv", "upstream": {"source": TOPIC}, "parallelism": 4},
-                )
-                assert r.status_code == 202, r.text
-                job = r.json()["id"]
-                deadline = time.monotonic() + 1800
-                while (state := http.get(f"/v1/jobs/{job}").json()["state"]) != "created":
-                    assert state == "creating", f"job {state}"
-                    assert time.monotonic() < deadline, "the backfill did not finish"
-                    time.sleep(0.05)
-                elapsed = time.perf_counter() - t0
-                rows = http.get(f"/v1/jobs/{job}/progress").json()["rows"]
-                assert rows == n, f"the backfill read {rows} messages, not {n}"
-        finally:
-            worker.stop_event.set()
-            thread.join(timeout=60)
-    return elapsed
+    with live_worker(db, url, 1000, "bench-source") as (http, _):
+        r = http.post(
+            "/v1/sources",
+            json={
+                "name": TOPIC,
+                "kafka": {"bootstrap_servers": kafka.bootstrap, "topic": TOPIC},
+                "columns": [c.to_json() for c in COLUMNS],
+            },
+        )
+        assert r.status_code == 201, r.text
+        job = {"name": "orders_mv", "upstream": {"source": TOPIC}, "parallelism": 4}
+        return time_until_created(http, job, n)
 
 
 def run(quick: bool) -> list[dict[str, Any]]:

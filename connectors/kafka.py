@@ -201,6 +201,12 @@ class KafkaClient:
             self._consumer.unassign()
 
 
+def backfill_stop(stop: int, target: int | None) -> int:
+    """Where a backfill read of a split ends (exclusive): at ``stop`` (the high
+    watermark), but never after its target, since no row after it can be visible."""
+    return stop if target is None else min(stop, target + 1)
+
+
 def topic_watermarks(spec: KafkaSpec) -> dict[int, tuple[int, int]]:
     """Every partition's (low, high) with a client of its own (raises KafkaUnavailable)."""
     client = KafkaClient(spec)

@@ -28,6 +28,8 @@ from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from connectors.kafka import backfill_stop
+
 FORMAT = "backfill_kafka"
 SUMMARY_DDL = (
     "read INT, rows_read BIGINT, last_offset BIGINT, visible BIGINT, "
@@ -43,12 +45,6 @@ class RangeSummary:
     last_offset: int | None
     visible: int
     last_visible: int | None
-
-
-def backfill_stop(stop: int, target: int | None) -> int:
-    """Where a backfill read of a split ends (exclusive): at ``stop`` (the high
-    watermark), but never after its target, since no row after it can be visible."""
-    return stop if target is None else min(stop, target + 1)
 
 
 def range_summary(offsets: Sequence[int], target: int | None) -> RangeSummary:
@@ -146,7 +142,6 @@ __all__ = [
     "FORMAT",
     "KafkaBackfillDataSource",
     "RangeSummary",
-    "backfill_stop",
     "range_summary",
     "run_ranges",
 ]

@@ -12,10 +12,10 @@ from bisect import bisect_left
 from typing import Any
 
 from backfill_core.changes import Version
-from backfill_core.executors.source import SourceBackfill, SplitProgress, SplitState
+from backfill_core.executors.source import OffsetRead, SourceBackfill, SplitProgress, SplitState
 from backfill_core.schema import TableSchema
 from backfill_core.view import View
-from connectors.kafka import KafkaClient, KafkaSpec, Message, parse_row
+from connectors.kafka import KafkaClient, KafkaSpec, Message, backfill_stop, parse_row
 from service.meta.sources import split_key
 from spark_workers.actors import barrier_of, fence
 from state_store.versioned import VersionedTable
@@ -33,6 +33,10 @@ _COMMITTED = """
     SELECT split, state, "offset", num_consumed_rows, target_offset
     FROM split_progress WHERE job_id = %(job)s AND split = ANY(%(splits)s)
 """
+
+
+def _offset(m: Message) -> int:
+    return m.offset
 
 
 def _progress(row: dict[str, Any]) -> SplitProgress:
@@ -149,8 +153,8 @@ class SourceRunner:
         out: list[Message] = []
         for split, (start, end) in sorted(want.items(), key=lambda x: split_key(x[0])):
             msgs = self._buffer[split][2]
-            offsets = [m.offset for m in msgs]
-            out += msgs[bisect_left(offsets, start) : bisect_left(offsets, end)]
+            lo = bisect_left(msgs, start, key=_offset)
+            out += msgs[lo : bisect_left(msgs, end, lo, key=_offset)]
         return out
 
     def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
@@ -201,21 +205,21 @@ class SourceRunner:
             "finished": out.finished,
         }
 
+    def with_high_watermarks(self, reads: list[OffsetRead]) -> list[tuple[OffsetRead, int]]:
+        """Each read with its split's high watermark now (where a backfill read stops)."""
+        marks = self.client.watermarks([int(r.split) for r in reads]) if reads else {}
+        return [(r, marks[int(r.split)][1]) for r in reads]
+
     def read_some(self, conn: Any, max_rows: int) -> int:
         """Backfill reads of the open epoch, written at once; rows read (-1: none to do)."""
         ex = self.executor
         reads = ex.next_reads(max_rows)
         if not reads:
             return -1
-        marks = self.client.watermarks([int(r.split) for r in reads])
-        plan = {}
-        for r in reads:
-            high = marks[int(r.split)][1]
-            plan[int(r.split)] = (
-                r.start,
-                high if r.target is None else min(high, r.target + 1),
-                r.limit,
-            )
+        plan = {
+            int(r.split): (r.start, backfill_stop(high, r.target), r.limit)
+            for r, high in self.with_high_watermarks(reads)
+        }
         got = self.client.read_ranges(plan)
         total = 0
         rows = []

@@ -125,10 +125,9 @@ class SparkPath:
         share = max(1, max_rows // len(runners))
         reads: list[tuple[SourceRunner, OffsetRead, int]] = []
         for r in runners:
-            planned = r.executor.next_reads(share)
-            if planned:
-                marks = r.client.watermarks([int(x.split) for x in planned])
-                reads += [(r, x, marks[int(x.split)][1]) for x in planned]
+            reads += [
+                (r, x, high) for x, high in r.with_high_watermarks(r.executor.next_reads(share))
+            ]
         if not reads:
             return 0
         first = runners[0]

@@ -1,0 +1,60 @@
+"""A live control plane with one in-process worker, and a job timed until it is created
+(the backfill benches share them)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+
+from service.db import Database
+from service.settings import Settings
+from spark_workers.runtime import Worker
+from tests.kit.live import live_server
+
+
+@contextmanager
+def live_worker(
+    db: Database, url: str, interval_ms: int, name: str
+) -> Iterator[tuple[httpx.Client, Worker]]:
+    """The control plane at ``interval_ms`` barriers and a registered worker whose
+    SparkSession is already warm (a worker is long-lived)."""
+    settings = Settings(
+        database_url=url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False
+    )
+    with live_server(settings, db) as base:
+        worker = Worker(base, name, settings=Settings())
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        try:
+            with httpx.Client(base_url=base, timeout=120) as http:
+                deadline = time.monotonic() + 120
+                while worker.spark is None:
+                    assert time.monotonic() < deadline, "the worker did not register"
+                    time.sleep(0.05)
+                worker.spark.warm_up()
+                yield http, worker
+        finally:
+            worker.stop_event.set()
+            thread.join(timeout=60)
+
+
+def time_until_created(http: httpx.Client, job: dict[str, Any], rows: int) -> float:
+    """Seconds from creating ``job`` until it is ``created``, having read ``rows`` rows."""
+    t0 = time.perf_counter()
+    r = http.post("/v1/jobs", json=job)
+    assert r.status_code == 202, r.text
+    job_id = r.json()["id"]
+    deadline = time.monotonic() + 1800
+    while (state := http.get(f"/v1/jobs/{job_id}").json()["state"]) != "created":
+        assert state == "creating", f"job {state}"
+        assert time.monotonic() < deadline, "the backfill did not finish"
+        time.sleep(0.05)
+    elapsed = time.perf_counter() - t0
+    read = http.get(f"/v1/jobs/{job_id}/progress").json()["rows"]
+    assert read == rows, f"the backfill read {read} rows, not {rows}"
+    return elapsed
