@@ -9,7 +9,7 @@ CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT      := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: install chromium demo test test-fast lint fmt typecheck openapi bench serve clean
+.PHONY: install chromium demo test test-fast lint fmt typecheck openapi bench chaos serve clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required by Spark (install openjdk-17-jre-headless)"; exit 1; }
@@ -53,8 +53,14 @@ typecheck: $(STAMP)
 openapi: $(STAMP)
 	$(BIN)/backfill openapi --output openapi.yaml
 
+# BENCH_ARGS: e.g. --quick, or --only backfill
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# long chaos runs: random workloads, jobs, settings and faults until MINUTES have passed
+MINUTES ?= 10
+chaos: $(STAMP)
+	$(BIN)/python -m tests.kit.chaos --minutes $(MINUTES)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -191,9 +191,10 @@ class KafkaClient:
                     if tp.offset > following[tp.partition]:
                         following[tp.partition] = tp.offset  # a gap: no messages there
                 if time.monotonic() > deadline:
+                    stops = {p: todo[p][1] for p in active}
                     raise KafkaUnavailable(
                         f"{topic}: offsets {dict(following)} not readable within "
-                        f"{READ_TIMEOUT_S:.0f}s"
+                        f"{READ_TIMEOUT_S:.0f}s (reading up to {stops})"
                     )
         finally:
             if paused:  # pausing outlives the assignment: undo it for the next read

@@ -37,6 +37,19 @@ class EmbeddedPostgres:
         log.info("embedded Postgres running under %s", self.pgdata)
         return to_sqlalchemy_url(uri)
 
+    def restart(self, mode: str = "immediate") -> None:
+        """Restart the running server (``immediate``: as after a crash, with recovery);
+        the socket and options stay, so clients reconnect to the same URL."""
+        from pgserver._commands import pg_ctl
+
+        assert self._server is not None, "not started"
+        log = str(self.pgdata / "log")
+        pg_ctl(
+            ["-w", "-m", mode, "-l", log, "restart"],
+            pgdata=self.pgdata,
+            user=self._server.system_user,
+        )
+
     def stop(self) -> None:
         if self._server is not None:
             self._server.cleanup()

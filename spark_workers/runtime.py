@@ -46,6 +46,7 @@ class Worker:
         self.runners: dict[int, ActorRunner | SourceRunner] = {}
         self.conn: Any = None
         self.lease_ms = 10_000
+        self.must_register = True
 
     # lifecycle --------------------------------------------------------------
 
@@ -66,20 +67,25 @@ class Worker:
 
     def _heartbeats(self) -> None:
         while not self.stop_event.wait(self.lease_ms / 3000):
+            if self.must_register:
+                continue  # nothing to keep alive
             try:
                 self.client.heartbeat()
             except Exception as e:  # the main loop notices a dead registration itself
                 log.warning("heartbeat failed: %s", e)
 
     def run(self) -> int:
-        self._register()
+        self.must_register = True
         threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         while not self.stop_event.is_set():
+            if self.must_register and not self._try_register():
+                self.stop_event.wait(1.0)
+                continue
             try:
                 self._step()
             except WorkerGone:
                 log.warning("the control plane declared this worker dead; registering again")
-                self._register()
+                self.must_register = True
             except httpx.TransportError as e:
                 # the control plane is away (restarting or shutting down): wait, then retry
                 log.warning("control plane unreachable: %s", e)
@@ -98,6 +104,17 @@ class Worker:
                 self._fail(str(e) or type(e).__name__)
         self._shutdown()
         return 0
+
+    def _try_register(self) -> bool:
+        """Register (again); False while the control plane or Postgres is away, so the
+        process outlives their restarts instead of exiting."""
+        try:
+            self._register()
+        except (httpx.TransportError, ProtocolError, psycopg2.Error) as e:
+            log.warning("could not register: %s", e)
+            return False
+        self.must_register = False
+        return True
 
     def _stale_collect(self, e: ProtocolError) -> int | None:
         """The graph of a collect refused as stale (its graph recovered meanwhile)."""
@@ -133,7 +150,7 @@ class Worker:
         except (ProtocolError, OSError) as e:
             log.warning("could not report the failure: %s", e)
         if self.conn is None:
-            self._register()
+            self.must_register = True  # a new connection comes with the registration
 
     def _shutdown(self) -> None:
         try:

@@ -54,17 +54,23 @@ class Phase(StrEnum):
     FORWARDING = "forwarding"
 
 
-def epoch_budget(rate_limit: int | None, paused: bool, elapsed_ms: int) -> int | None:
+def epoch_budget(
+    rate_limit: int | None, paused: bool, elapsed_ms: int, left: int | None = 0
+) -> int | None:
     """Rows the snapshot side may read in the next epoch (None: no limit).
 
-    The next epoch's length is not known when it opens, so the closing epoch's length
-    stands in for it; at least one row per epoch unless paused or throttled to 0.
+    A token bucket refilled at each barrier: the closing epoch's length stands in for the
+    next one's (unknown when it opens), at least one row per epoch. What the last epoch
+    did not use (``left``) carries over, up to one second's worth, so epochs that closed
+    before the worker could read (several barriers handled at once) keep their share
+    while an idle actor cannot save up a burst. Paused or throttled to 0: nothing.
     """
     if paused or rate_limit == 0:
         return 0
     if rate_limit is None:
         return None
-    return max(1, rate_limit * elapsed_ms // 1000)
+    fresh = max(1, rate_limit * elapsed_ms // 1000)
+    return min(fresh + max(0, left or 0), max(fresh, rate_limit))
 
 
 class ArrangementBackfill:
@@ -139,7 +145,7 @@ class ArrangementBackfill:
         self.closed_epoch = barrier.epoch.prev
         self.snapshot_epoch = barrier.epoch.prev
         self.open_epoch = barrier.epoch.curr
-        self.budget = epoch_budget(self.rate_limit, self.paused, barrier.elapsed_ms)
+        self.budget = epoch_budget(self.rate_limit, self.paused, barrier.elapsed_ms, self.budget)
         self.exhausted = set()
         self.epoch_rows = 0
         return out

@@ -153,7 +153,7 @@ class ChainBackfill(FixedSnapshotReads):
         self._apply_mutation(barrier)
         self.closed_epoch = barrier.epoch.prev
         self.open_epoch = barrier.epoch.curr
-        self.budget = epoch_budget(self.rate_limit, self.paused, barrier.elapsed_ms)
+        self.budget = epoch_budget(self.rate_limit, self.paused, barrier.elapsed_ms, self.budget)
         self.epoch_rows = 0
         return out
 

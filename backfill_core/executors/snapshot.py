@@ -229,7 +229,7 @@ class SnapshotBackfill(FixedSnapshotReads):
         )
         self.closed_epoch = barrier.epoch.prev
         self.open_epoch = barrier.epoch.curr
-        self.budget = epoch_budget(self.rate_limit, self.paused, elapsed_ms)
+        self.budget = epoch_budget(self.rate_limit, self.paused, elapsed_ms, self.budget)
         self.epoch_rows = 0
         return out
 

@@ -269,7 +269,7 @@ class SourceBackfill:
 
         self.started = True
         self.open_epoch = barrier.epoch.curr
-        self.budget = epoch_budget(self.rate_limit, self.paused, barrier.elapsed_ms)
+        self.budget = epoch_budget(self.rate_limit, self.paused, barrier.elapsed_ms, self.budget)
         self.exhausted = set()
         self.epoch_rows = 0
         return SourceBarrierOutput(emit, barrier.epoch.curr, out_progress, rows, finished)

@@ -6,11 +6,14 @@ import json
 import logging
 from typing import Any
 
+import psycopg2
+import psycopg2.extensions
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.errors import ServiceError
@@ -78,6 +81,16 @@ _HTTP_CODES = {
 }
 
 
+def _database_away(exc: BaseException) -> bool:
+    """A lost or refused connection to Postgres (not a bad statement)."""
+    original = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(original, psycopg2.OperationalError | psycopg2.InterfaceError) and not (
+        isinstance(original, psycopg2.extensions.QueryCanceledError)
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
@@ -104,5 +117,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        if _database_away(exc):  # a restart or failover of Postgres: worth a retry
+            log.warning("database unavailable: %s", str(exc).splitlines()[0] if str(exc) else exc)
+            return error_response(
+                503,
+                "database_unavailable",
+                "the catalog database is unavailable; retry shortly",
+                headers={"Retry-After": "1"},
+            )
         log.exception("unhandled error")
         return error_response(500, "internal", "internal error", {"type": type(exc).__name__})

@@ -112,6 +112,6 @@ class ArrangementReference:
         self.started = True
         self.ended = set()
         self.paused, self.rate_limit, self.budget = follow(
-            mutation, actor_id, self.paused, self.rate_limit, elapsed_ms
+            mutation, actor_id, self.paused, self.rate_limit, elapsed_ms, self.budget
         )
         return out

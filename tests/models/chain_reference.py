@@ -114,6 +114,6 @@ class ChainReference:
         self.current = []
         self.started = True
         self.paused, self.rate_limit, self.budget = follow(
-            mutation, actor_id, self.paused, self.rate_limit, elapsed_ms
+            mutation, actor_id, self.paused, self.rate_limit, elapsed_ms, self.budget
         )
         return out

@@ -1,6 +1,7 @@
 """Flow control as every reference model follows it, written from the seeds once: a
 barrier's mutation pauses, resumes or throttles the actor, then the next epoch gets a
-row budget of ``rate_limit * elapsed`` (None: no limit; at least one row when limited)."""
+row budget of ``rate_limit * elapsed`` (None: no limit; at least one row when limited)
+plus what the last epoch left unread, up to one second's worth (a token bucket)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ def follow(
     paused: bool,
     rate_limit: int | None,
     elapsed_ms: int,
+    left: int | None,
 ) -> tuple[bool, int | None, int | None]:
     """``(paused, rate_limit, budget)`` after a barrier carrying ``mutation``."""
     if mutation:
@@ -27,4 +29,6 @@ def follow(
         return paused, rate_limit, 0
     if rate_limit is None:
         return paused, rate_limit, None
-    return paused, rate_limit, max(1, rate_limit * elapsed_ms // 1000)
+    refill = max(1, rate_limit * elapsed_ms // 1000)
+    burst = max(refill, rate_limit)  # a second's worth, or one epoch's when epochs are longer
+    return paused, rate_limit, min(burst, refill + max(0, left or 0))

@@ -181,7 +181,7 @@ class SnapshotReference:
             self.phase = "done"
         self.started = True
         self.paused, self.rate_limit, self.budget = follow(
-            mutation, actor_id, self.paused, self.rate_limit, elapsed_ms
+            mutation, actor_id, self.paused, self.rate_limit, elapsed_ms, self.budget
         )
         return out
 

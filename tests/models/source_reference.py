@@ -110,7 +110,7 @@ class SourceReference:
             self.forwarding = True
         report.forwarding = self.forwarding
         self.paused, self.rate_limit, self.budget = follow(
-            b.mutation, self.actor_id, self.paused, self.rate_limit, b.elapsed_ms
+            b.mutation, self.actor_id, self.paused, self.rate_limit, b.elapsed_ms, self.budget
         )
         self.started = True
         self.epoch_rows = 0

@@ -188,3 +188,32 @@ def test_pause_stops_reads_but_not_the_changes_below_current_pos() -> None:
     above = RowChange(Op.INSERT, 0, None, (4, "x"))
     out = ex.on_barrier(Barrier(EpochPair(epoch(2), epoch(3))), [below, above])
     assert out.emit == [below]
+
+
+def test_the_rate_limit_is_a_token_bucket_over_barriers_handled_at_once() -> None:
+    """A worker that handles several barriers in one step keeps each epoch's share of the
+    rate; an actor with nothing to read cannot save up more than a second's worth."""
+
+    def at(ms: int) -> int:  # an epoch at ``ms`` of physical time
+        return (1_000 + ms) << 16
+
+    def barrier(a: int, b: int, mutation: Mutation | None = None) -> Barrier:
+        return Barrier(EpochPair(at(a), at(b)), mutation=mutation)
+
+    ex = ArrangementBackfill(1, [0], key_of, rate_limit=1_000)
+    for t in (0, 100, 200):  # three 100 ms epochs close before the worker reads
+        ex.on_barrier(barrier(t, t + 100))
+    read = ex.next_read(10_000)
+    assert read is not None and read.limit == 300
+    ex.on_snapshot_rows(read, [(k, "r") for k in range(120)])  # 180 left: the snapshot ended
+    ex.on_barrier(barrier(300, 400))
+    assert ex.budget == 280
+    for t in range(400, 3_000, 100):  # an idle second and more: capped at a second's worth
+        ex.on_barrier(barrier(t, t + 100))
+    assert ex.budget == 1_000
+    ex.on_barrier(barrier(3_000, 8_000))
+    assert ex.budget == 5_000  # an epoch longer than a second gets its whole length
+    ex.on_barrier(barrier(8_000, 8_100, Mutation(pause=True)))
+    assert ex.budget == 0
+    ex.on_barrier(barrier(8_100, 8_200, Mutation(resume=True)))
+    assert ex.budget == 100  # nothing carried across a pause

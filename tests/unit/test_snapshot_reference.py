@@ -425,8 +425,8 @@ def test_rescale_in_phase_1_and_phase_3() -> None:
     ex = SnapshotBackfill(1, [0, 1], key_of, S, rate_limit=10)
     ex.on_barrier(Barrier(EpochPair(0, fake(1))), upstream_latest_epoch=S)
     ex.on_barrier(Barrier(EpochPair(fake(1), fake(2))), upstream_latest_epoch=epoch(4))
-    read = ex.next_read(10)  # 100 ms at 10 rows/s: one row
-    assert read is not None and read.limit == 1
+    read = ex.next_read(10)  # two epochs of 100 ms at 10 rows/s, neither read: two rows
+    assert read is not None and read.limit == 2
     ex.on_snapshot_rows(read, [(0, "a")])
     ex.on_barrier(Barrier(EpochPair(fake(2), fake(3))), upstream_latest_epoch=epoch(5))
     # vnode 1 moves away, vnode 2 arrives from an actor that read up to pk 6
