@@ -1,7 +1,7 @@
 """End to end for source backfill: a Kafka topic (librdkafka's mock cluster) that is
 written to all along, a job that backfills it and then follows the shared source, and
 the view checked against the topic's messages at committed epochs: every offset the
-source had reached, exactly once."""
+source had reached, exactly once; also over a topic written only in transactions."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from connectors.kafka import KafkaClient, KafkaSpec
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
@@ -192,3 +193,67 @@ def test_a_killed_worker_resumes_the_source_backfill_exactly(
                 second.wait(timeout=30)
             if first.poll() is None:
                 first.kill()
+
+
+def readable(kafka: MockKafka) -> int:
+    """How many messages a reader of the source gets from the whole topic."""
+    client = KafkaClient(KafkaSpec(kafka.bootstrap, TOPIC, {}))
+    try:
+        return sum(len(client.read(p, None, hi)) for p, (_, hi) in client.watermarks().items())
+    finally:
+        client.close()
+
+
+class Transactions:
+    """A transactional producer: batches to one partition each, one in five aborted
+    (but never the last of a partition, so every partition ends with a commit marker)."""
+
+    def __init__(self, kafka: MockKafka, seed: int) -> None:
+        self.kafka, self.rng, self.next = kafka, random.Random(seed), 0
+
+    def write(self, count: int) -> None:
+        for k in range(count):
+            n = self.rng.randint(1, 40)
+            commit = k % 5 != 3 or k >= count - MOCK_PARTITIONS
+            docs = [doc(i) for i in range(self.next, self.next + n)]
+            self.kafka.transaction(TOPIC, k % MOCK_PARTITIONS, docs, commit)
+            self.next += n
+
+
+def test_offsets_ending_in_transaction_markers_need_no_new_message(
+    cluster: tuple[httpx.Client, Worker], kafka: MockKafka
+) -> None:
+    """A topic written only in transactions, each partition ending with a commit marker,
+    and no message after the job is created: every backfill target (high watermark - 1)
+    is a marker that no read returns, yet the job gets ``created``; the view holds every
+    message a read_committed reader gets, once. Then more transactions, which it follows."""
+    http, _ = cluster
+    txns = Transactions(kafka, seed=8)
+    txns.write(40)
+    create_source(http, kafka)  # starts at the end: no upstream rows until more are written
+    client = KafkaClient(KafkaSpec(kafka.bootstrap, TOPIC, {}))
+    try:
+        marks = client.watermarks()
+        last = {p: client.read(p, None, high)[-1].offset for p, (_, high) in marks.items()}
+    finally:
+        client.close()
+    assert all(last[p] < high - 1 for p, (_, high) in marks.items())  # a marker at the end
+    job = create_job(http, "committed_events")
+    wait_created(http, job)
+    splits = http.get(f"/v1/jobs/{job}/progress").json()["splits"]
+    assert {(int(x["split"]), x["state"], x["offset"]) for x in splits} == {
+        (p, "source_caching_up", high - 1) for p, (_, high) in marks.items()
+    }
+    assert_exact(http, job, times=2)
+    assert caught_up(http, job, readable(kafka))
+
+    txns.write(20)
+    total = readable(kafka)
+    wait_for(lambda: caught_up(http, job, total), what="the view followed the transactions")
+    wait_for(
+        lambda: all(
+            x["state"] == "finished" for x in http.get(f"/v1/jobs/{job}/progress").json()["splits"]
+        ),
+        what="every partition finished",
+    )
+    assert_exact(http, job, times=2)
