@@ -67,6 +67,11 @@ class KafkaSpec:
             # reads are short and bounded: a long-polling fetch at a partition's end
             # would hold up the next assignment by up to this long
             "fetch.wait.max.ms": 20,
+            # librdkafka's default, made explicit: messages of aborted transactions are
+            # never read, and the high watermark the brokers report is the last stable
+            # offset, so nothing reads into a transaction still open (a source may
+            # choose read_uncommitted: every reader of it uses these same settings)
+            "isolation.level": "read_committed",
             **self.properties,
             "bootstrap.servers": self.bootstrap_servers,
             # offsets are the service's own state (committed with epochs), never Kafka's
@@ -82,6 +87,16 @@ class Message:
     partition: int
     offset: int
     value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Scanned:
+    """A read of one partition: its messages, and ``end``: every message of the range
+    below this offset is among them (past the last one when the offsets after it hold
+    none: transaction markers, aborted or compacted messages)."""
+
+    messages: list[Message]
+    end: int
 
 
 class KafkaClient:
@@ -138,18 +153,33 @@ class KafkaClient:
     ) -> dict[int, list[Message]]:
         """``read`` of several partitions at once (one assignment, one fetch stream):
         partition -> (start, stop, limit)."""
+        return {p: s.messages for p, s in self.scan_ranges(ranges).items()}
+
+    def scan_ranges(
+        self, ranges: Mapping[int, tuple[int | None, int, int | None]]
+    ) -> dict[int, Scanned]:
+        """``read_ranges``, saying how far each read got (``Scanned.end``): to the stop
+        unless the limit cut it short."""
         out: dict[int, list[Message]] = {p: [] for p in ranges}
         lows = [p for p, (start, _, _) in ranges.items() if start is None]
         earliest = self.watermarks(lows) if lows else {}
         todo: dict[int, tuple[int, int, int | None]] = {}
+        following: dict[int, int] = {}  # next offset to expect
         for p, (start, stop, limit) in ranges.items():
-            first = earliest[p][0] if start is None else start
+            following[p] = first = earliest[p][0] if start is None else start
             if first < stop and (limit is None or limit > 0):
                 todo[p] = (first, stop, limit)
+
+        def scanned() -> dict[int, Scanned]:
+            # a position past the stop says nothing about the offsets after it
+            return {
+                p: Scanned(out[p], min(following[p], todo[p][1]) if p in todo else following[p])
+                for p in ranges
+            }
+
         if not todo:
-            return out
+            return scanned()
         topic = self.spec.topic
-        following = {p: first for p, (first, _, _) in todo.items()}  # next offset to expect
 
         def done(p: int) -> bool:
             _, stop, limit = todo[p]
@@ -168,7 +198,7 @@ class KafkaClient:
                     self._consumer.pause([ck.TopicPartition(topic, p) for p in finished])
                     paused.update(finished)
                 if not active:
-                    return out
+                    return scanned()
                 # never ask for more than the ranges can hold: consume() waits for the
                 # full count (or its timeout)
                 want = 0

@@ -10,8 +10,9 @@ keeps of each range exactly the rows the executor's ``on_backfill_row`` makes vi
 (up to and including the first offset at or beyond the target, none after: nothing
 after the target is even read), parses them (``parse_row``), applies the view, and
 writes them at the open epoch under the same fence as the table data source. Reading
-yields one summary row per range (``SUMMARY_DDL``), which the driver collects and hands
-to ``SourceBackfill.on_backfill_summary``.
+yields one summary row per range (``SUMMARY_DDL``; ``end_offset``: every message below
+it was read, so a range whose offsets end in transaction markers still reaches its
+target), which the driver collects and hands to ``SourceBackfill.on_backfill_summary``.
 
 Everything happens in the read: there is no data to hand from a reader to a writer
 (the rows are written where they are parsed), so no Arrow hop through the JVM. A retried
@@ -33,7 +34,7 @@ from connectors.kafka import backfill_stop
 FORMAT = "backfill_kafka"
 SUMMARY_DDL = (
     "read INT, rows_read BIGINT, last_offset BIGINT, visible BIGINT, "
-    "last_visible BIGINT, written BIGINT"
+    "last_visible BIGINT, written BIGINT, end_offset BIGINT"
 )
 
 
@@ -107,7 +108,7 @@ def run_ranges(plan: dict[str, Any], ranges: list[list[Any]]) -> list[tuple[Any,
 
     client = KafkaClient(KafkaSpec.from_json(plan["kafka"]))
     try:
-        got = client.read_ranges(
+        got = client.scan_ranges(
             {
                 int(p): (start, backfill_stop(int(stop), target), int(limit))
                 for _, p, start, stop, limit, target in ranges
@@ -120,11 +121,13 @@ def run_ranges(plan: dict[str, Any], ranges: list[list[Any]]) -> list[tuple[Any,
     out: list[tuple[Any, ...]] = []
     rows: list[tuple[Any, ...]] = []
     for index, p, _, _, _, target in ranges:
-        msgs = got[int(p)]
-        s = range_summary([m.offset for m in msgs], target)
-        kept = view.rows([parse_row(schema, m) for m in msgs[: s.visible]])
+        scan = got[int(p)]
+        s = range_summary([m.offset for m in scan.messages], target)
+        kept = view.rows([parse_row(schema, m) for m in scan.messages[: s.visible]])
         rows += kept
-        out.append((int(index), s.count, s.last_offset, s.visible, s.last_visible, len(kept)))
+        out.append(
+            (int(index), s.count, s.last_offset, s.visible, s.last_visible, len(kept), scan.end)
+        )
     if rows:
         mv = VersionedTable(plan["mv_table"], TableSchema.from_json(plan["mv_schema"]))
         conn = psycopg2.connect(plan["dsn"], options=NO_JIT)

@@ -220,12 +220,13 @@ class SourceRunner:
             int(r.split): (r.start, backfill_stop(high, r.target), r.limit)
             for r, high in self.with_high_watermarks(reads)
         }
-        got = self.client.read_ranges(plan)
+        got = self.client.scan_ranges(plan)
         total = 0
         rows = []
         for r in reads:
-            msgs = got[int(r.split)]
-            visible = ex.on_backfill_rows(r, [m.offset for m in msgs])
+            scan = got[int(r.split)]
+            msgs = scan.messages
+            visible = ex.on_backfill_rows(r, [m.offset for m in msgs], end=scan.end)
             rows += [parse_row(self.schema, m) for m in msgs[:visible]]
             total += len(msgs)
         with conn.cursor() as cur:

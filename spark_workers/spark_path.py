@@ -162,7 +162,12 @@ class SparkPath:
         for i, (r, read, _) in enumerate(reads):
             s = got[i]
             r.executor.on_backfill_summary(
-                read, s["rows_read"], s["last_offset"], s["visible"], last_visible=s["last_visible"]
+                read,
+                s["rows_read"],
+                s["last_offset"],
+                s["visible"],
+                last_visible=s["last_visible"],
+                end=s["end_offset"],
             )
             total += s["rows_read"]
         return total

@@ -10,7 +10,18 @@ reports the progress as of the end of ``c``.
 Per split: ``Backfilling(offset | None) -> SourceCachingUp(offset) -> Finished``, with
 ``target_offset`` from the partition's latest offset (``on_backfill_info``) or the
 latest upstream offset seen while backfilling. ``on_upstream_row`` and
-``on_backfill_row`` are the seed's two decisions; everything else is bookkeeping.
+``on_backfill_row`` are the seed's two decisions; ``on_backfill_end`` is one the seed
+lacks (below); everything else is bookkeeping.
+
+Offsets: a split's ``offset`` and ``target_offset`` are inclusive (the last offset
+backfilled, the last offset that existed: high watermark - 1), as in the seed, and
+``SourceCachingUp(o)`` drops upstream rows at or below ``o``. The target need not be a
+message: the offsets below the high watermark may end in transaction markers (or
+messages compaction removed), which no reader returns. A read that reaches past the
+target without a row at or beyond it (``end``: the reader saw every message below it)
+proves that the backfill has emitted everything up to the target, so the split caches
+up from the target, ``SourceCachingUp(target)``, instead of waiting for a newer
+upstream message to move the target onto a message.
 
 The actor reports finish once every split is ``SourceCachingUp`` or ``Finished``, but
 stays in the backfill stage until every split of the job (on all actors) is
@@ -35,6 +46,7 @@ __all__ = [
     "SourceBarrierOutput",
     "SplitProgress",
     "SplitState",
+    "on_backfill_end",
     "on_backfill_row",
     "on_upstream_row",
     "should_report_finished",
@@ -138,6 +150,21 @@ def on_backfill_row(p: SplitProgress, offset: int) -> tuple[SplitProgress, bool]
         # reached what the source had: stop and let the source catch up to it
         return SplitProgress(SplitState.SOURCE_CACHING_UP, offset, consumed, p.target_offset), True
     return SplitProgress(SplitState.BACKFILLING, offset, consumed, p.target_offset), True
+
+
+def on_backfill_end(p: SplitProgress, end: int | None) -> SplitProgress:
+    """A read saw every message of the split below ``end`` (exclusive; None: unknown).
+    Past the target with the split still backfilling, the offsets after its last row up
+    to the target hold no message (markers, aborted or compacted ones): the backfill is
+    done there, the source catches up from the target."""
+    if (
+        p.state is SplitState.BACKFILLING
+        and p.target_offset is not None
+        and end is not None
+        and end > p.target_offset
+    ):
+        return replace(p, state=SplitState.SOURCE_CACHING_UP, offset=p.target_offset)
+    return p
 
 
 def split_visible_prefix(offsets: Sequence[int], p: SplitProgress) -> int:
@@ -320,10 +347,13 @@ class SourceBackfill:
             reads.append(OffsetRead(s, start, p.target_offset, limit))
         return reads
 
-    def on_backfill_rows(self, read: OffsetRead, offsets: Sequence[int]) -> int:
+    def on_backfill_rows(
+        self, read: OffsetRead, offsets: Sequence[int], *, end: int | None = None
+    ) -> int:
         """Account for the offsets ``read`` returned (ascending); returns how many leading
-        ones are visible (written at ``open_epoch``)."""
-        self._check_read(read, len(offsets), offsets[-1] if offsets else None)
+        ones are visible (written at ``open_epoch``). ``end``: the reader saw every
+        message below it (``on_backfill_end``)."""
+        self._check_read(read, len(offsets), offsets[-1] if offsets else None, end)
         prev: int | None = None
         for o in offsets:
             if (read.start is not None and o < read.start) or (prev is not None and o <= prev):
@@ -333,7 +363,7 @@ class SourceBackfill:
         for o in offsets:
             p, vis = on_backfill_row(p, o)
             visible += vis
-        self._account(read, p, len(offsets))
+        self._account(read, on_backfill_end(p, end), len(offsets))
         return visible
 
     def on_backfill_summary(
@@ -344,19 +374,21 @@ class SourceBackfill:
         visible: int,
         *,
         last_visible: int | None = None,
+        end: int | None = None,
     ) -> None:
         """Account for a read whose rows were handled elsewhere (a Spark task wrote the
         ``visible`` leading ones of the ``count`` it read, the last at ``last_offset``).
 
         ``last_visible`` (the last visible offset) is needed only when rows after it
         were read too; the Spark path stops at the first row at or beyond the target.
+        ``end`` as in ``on_backfill_rows``.
         """
-        self._check_read(read, count, last_offset)
+        self._check_read(read, count, last_offset, end)
         p = self.progress[read.split]
         if not 0 <= visible <= count:
             raise ValueError("visible must be between 0 and the rows read")
         if last_offset is None:
-            self._account(read, p, 0)
+            self._account(read, on_backfill_end(p, end), 0)
             return
         lowest = (read.start or 0) + count - 1  # offsets ascend strictly from the start
         if last_offset < lowest:
@@ -365,7 +397,9 @@ class SourceBackfill:
         if visible == count and last_visible in (None, last_offset):
             caught_up = target is not None and last_offset >= target
             state = SplitState.SOURCE_CACHING_UP if caught_up else SplitState.BACKFILLING
-            new = SplitProgress(state, last_offset, p.num_consumed_rows + count, target)
+            new = on_backfill_end(
+                SplitProgress(state, last_offset, p.num_consumed_rows + count, target), end
+            )
         else:
             # only the first row at or beyond the target hides the ones after it
             if target is None or visible == 0 or visible == count:
@@ -381,7 +415,9 @@ class SourceBackfill:
             )
         self._account(read, new, count)
 
-    def _check_read(self, read: OffsetRead, count: int, last_offset: int | None) -> None:
+    def _check_read(
+        self, read: OffsetRead, count: int, last_offset: int | None, end: int | None = None
+    ) -> None:
         if self.phase is Phase.FORWARDING or not self.started:
             raise ValueError("no backfill reads outside the backfill stage")
         p = self.progress.get(read.split)
@@ -394,6 +430,11 @@ class SourceBackfill:
             raise ValueError("a backfill read returned more rows than asked for")
         if (count > 0) != (last_offset is not None):
             raise ValueError("a read summary needs the last offset exactly when rows were read")
+        if end is not None and (
+            (read.start is not None and end < read.start)
+            or (last_offset is not None and end <= last_offset)
+        ):
+            raise ValueError(f"a read of split {read.split} cannot end at {end}: before its rows")
 
     def _account(self, read: OffsetRead, p: SplitProgress, count: int) -> None:
         self.progress[read.split] = p

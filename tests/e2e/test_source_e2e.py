@@ -1,10 +1,12 @@
 """End to end for source backfill: a Kafka topic (librdkafka's mock cluster) that is
 written to all along, a job that backfills it and then follows the shared source, and
 the view checked against the topic's messages at committed epochs: every offset the
-source had reached, exactly once."""
+source had reached, exactly once. At the scale of issue #8 (200k messages, rescale 2 -> 4
+and kill -9 mid-backfill), and over a topic written only in transactions."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -17,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from connectors.kafka import KafkaClient, KafkaSpec
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
@@ -40,8 +43,10 @@ class Producer:
     partition: the mock broker returns one stored batch per fetch, so a topic of many
     one-message batches would be read unrealistically slowly."""
 
-    def __init__(self, kafka: MockKafka, start: int, seed: int) -> None:
-        self.kafka = kafka
+    def __init__(
+        self, kafka: MockKafka, start: int, seed: int, every_s: float = 0.05, most: int = 60
+    ) -> None:
+        self.kafka, self.every_s, self.most = kafka, every_s, most
         self.next = start
         self.rng = random.Random(seed)
         self.stop = threading.Event()
@@ -49,8 +54,8 @@ class Producer:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        while not self.stop.wait(0.05):
-            n, partition = self.rng.randint(1, 60), self.rng.randrange(MOCK_PARTITIONS)
+        while not self.stop.wait(self.every_s):
+            n, partition = self.rng.randint(1, self.most), self.rng.randrange(MOCK_PARTITIONS)
             self.kafka.produce(
                 TOPIC, [(partition, doc(i)) for i in range(self.next, self.next + n)]
             )
@@ -98,65 +103,67 @@ def cluster(
         yield c
 
 
-def test_source_backfill_is_exact_while_the_topic_grows(
-    cluster: tuple[httpx.Client, Worker], kafka: MockKafka
-) -> None:
-    http, _ = cluster
-    kafka.produce(TOPIC, [(i % MOCK_PARTITIONS, doc(i)) for i in range(20_000)])
-    create_source(http, kafka)
-    producer = Producer(kafka, 20_000, seed=3)
-    producer.thread.start()
-    try:
-        job = create_job(
-            http,
-            "cheap_events",
-            columns=["_partition", "_offset", "id", "amount"],
-            filter={
-                "or": [{"col": "amount", "op": "<", "value": 50}, {"col": "id", "op": "is_null"}]
-            },
-            rate_limit=2_000,
-        )
-        wait_for(
-            lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 3_000,
-            what="mid-backfill",
-        )
-        assert http.patch(f"/v1/jobs/{job}", json={"parallelism": 3}).status_code == 200
-        assert http.patch(f"/v1/jobs/{job}", json={"rate_limit": None}).status_code == 200
-        wait_created(http, job)
-        assert_exact(http, job, times=3)
-    finally:
-        producer.stop.set()
-        producer.thread.join(timeout=30)
-    assert producer.batches > 5
-    everything = [doc(i) for i in range(producer.next)]
-    kept = sum(1 for d in everything if isinstance(d, bytes) or d["amount"] < 50)
-    wait_for(lambda: caught_up(http, job, kept), what="the source caught up with the topic")
-    progress = http.get(f"/v1/jobs/{job}/progress").json()
-    assert progress["phase"] == "done" and progress["percent"] == 100
-    assert len(progress["splits"]) == MOCK_PARTITIONS
-    assert all(p["state"] == "finished" for p in progress["splits"])
-    assert http.get(f"/v1/jobs/{job}").json()["parallelism"] == 3
+INITIAL = 200_000
+RATE = 3_000  # rows/s per actor until lifted: the faults must land mid-backfill
+SLOW = 300.0  # s: stages of 200k messages on a machine shared with other test runs
 
 
-def test_a_killed_worker_resumes_the_source_backfill_exactly(
+def progress_rows(http: httpx.Client, job: int) -> int:
+    return int(http.get(f"/v1/jobs/{job}/progress").json()["rows"])
+
+
+def still_backfilling(http: httpx.Client, job: int) -> int:
+    """The job is creating, part way through the initial messages: its committed rows."""
+    view, rows = http.get(f"/v1/jobs/{job}").json(), progress_rows(http, job)
+    assert view["state"] == "creating" and 0 < rows < INITIAL, (view, rows)
+    return rows
+
+
+def test_source_backfill_at_scale_is_exact_through_rescale_and_kill(
     db: Database, fresh_db_url: str, kafka: MockKafka
 ) -> None:
+    """200k messages over 4 partitions, a producer writing all along, a rate-limited job
+    (paused for a while first), rescaled from 2 to 4 actors and its worker killed with
+    SIGKILL, each while it is still backfilling; then the limit is lifted. After
+    ``created`` every message up to the source's committed offsets is in the view once."""
     settings = Settings(
         database_url=fresh_db_url,
         barrier_interval_ms=200,
-        worker_lease_ms=1_000,
+        # verify (200k messages, in this process like the control plane) holds the GIL
+        # for long stretches on a busy machine: a 1 s lease would expire now and then
+        worker_lease_ms=3_000,
         spawn_embedded_worker=False,
     )
     backfill = str(Path(sys.executable).parent / "backfill")
-    kafka.produce(TOPIC, [(i % MOCK_PARTITIONS, doc(i)) for i in range(12_000)])
-    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=60) as http:
+    # the Spark path has its own e2e test; here the worker reads in its driver
+    env = {**os.environ, "BACKFILL_SPARK_MODE": "never"}
+    kafka.load(TOPIC, [(i % MOCK_PARTITIONS, doc(i)) for i in range(INITIAL)])
+
+    def worker(name: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [backfill, "worker", "--control-plane", url, "--name", name], env=env
+        )
+
+    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=180) as http:
         create_source(http, kafka)
-        producer = Producer(kafka, 12_000, seed=4)
+        # as many messages as the other tests' producer, in fewer batches: every reader
+        # of the topic (verify too) pays one fetch per batch
+        producer = Producer(kafka, INITIAL, seed=4, every_s=0.2, most=240)
         producer.thread.start()
-        first = subprocess.Popen([backfill, "worker", "--control-plane", url, "--name", "victim"])
-        second = None
+        first, second = worker("victim"), None
         try:
-            job = create_job(http, "survivor", rate_limit=3_000)
+            job = create_job(
+                http,
+                "cheap_events",
+                columns=["_partition", "_offset", "id", "amount"],
+                filter={
+                    "or": [
+                        {"col": "amount", "op": "<", "value": 50},
+                        {"col": "id", "op": "is_null"},
+                    ]
+                },
+                rate_limit=RATE,
+            )
             assert http.post(f"/v1/jobs/{job}/pause").status_code == 200
             # paused: the shared source goes on, the backfill does not
             start = http.get(f"/v1/jobs/{job}").json()["committed_epoch"]
@@ -166,24 +173,49 @@ def test_a_killed_worker_resumes_the_source_backfill_exactly(
                 ),
                 what="epochs while paused",
             )
-            assert http.get(f"/v1/jobs/{job}/progress").json()["rows"] == 0
+            assert progress_rows(http, job) == 0
             assert http.post(f"/v1/jobs/{job}/resume").status_code == 200
+
+            wait_for(lambda: progress_rows(http, job) > 20_000, SLOW, what="mid-backfill")
+            at_rescale = still_backfilling(http, job)
+            assert http.patch(f"/v1/jobs/{job}", json={"parallelism": 4}).status_code == 200
             wait_for(
-                lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 2_000,
-                what="mid-backfill",
+                lambda: progress_rows(http, job) > at_rescale + 40_000,
+                SLOW,
+                what="backfilling with 4 actors",
             )
+            recoveries = http.get(f"/v1/jobs/{job}").json()["recoveries"]
+            assert recoveries >= 1  # the rescale went through one
+            at_kill = still_backfilling(http, job)
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=30)
-            second = subprocess.Popen(
-                [backfill, "worker", "--control-plane", url, "--name", "heir"]
+            second = worker("heir")
+            wait_for(
+                lambda: http.get(f"/v1/jobs/{job}").json()["recoveries"] > recoveries,
+                SLOW,
+                what="recovery from the kill",
             )
-            wait_created(http, job)
-            assert_exact(http, job, times=2)
+            wait_for(
+                lambda: progress_rows(http, job) > at_kill + 10_000,
+                SLOW,
+                what="backfilling on the heir",
+            )
+            still_backfilling(http, job)
+            assert http.patch(f"/v1/jobs/{job}", json={"rate_limit": None}).status_code == 200
+            wait_created(http, job, SLOW)
+            assert_exact(http, job, times=1)  # caught_up below checks a later epoch
             view = http.get(f"/v1/jobs/{job}").json()
-            assert view["recoveries"] >= 1 and view["recovering"] is False
+            assert view["recovering"] is False and view["parallelism"] == 4
             producer.stop.set()
             producer.thread.join(timeout=30)
-            wait_for(lambda: caught_up(http, job, producer.next), what="caught up")
+            assert producer.batches > 5
+            everything = [doc(i) for i in range(producer.next)]
+            kept = sum(1 for d in everything if isinstance(d, bytes) or d["amount"] < 50)
+            wait_for(lambda: caught_up(http, job, kept), SLOW, what="the source caught up")
+            progress = http.get(f"/v1/jobs/{job}/progress").json()
+            assert progress["phase"] == "done" and progress["percent"] == 100
+            assert len(progress["splits"]) == MOCK_PARTITIONS
+            assert all(p["state"] == "finished" for p in progress["splits"])
         finally:
             producer.stop.set()
             producer.thread.join(timeout=30)
@@ -192,3 +224,67 @@ def test_a_killed_worker_resumes_the_source_backfill_exactly(
                 second.wait(timeout=30)
             if first.poll() is None:
                 first.kill()
+
+
+def readable(kafka: MockKafka) -> int:
+    """How many messages a reader of the source gets from the whole topic."""
+    client = KafkaClient(KafkaSpec(kafka.bootstrap, TOPIC, {}))
+    try:
+        return sum(len(client.read(p, None, hi)) for p, (_, hi) in client.watermarks().items())
+    finally:
+        client.close()
+
+
+class Transactions:
+    """A transactional producer: batches to one partition each, one in five aborted
+    (but never the last of a partition, so every partition ends with a commit marker)."""
+
+    def __init__(self, kafka: MockKafka, seed: int) -> None:
+        self.kafka, self.rng, self.next = kafka, random.Random(seed), 0
+
+    def write(self, count: int) -> None:
+        for k in range(count):
+            n = self.rng.randint(1, 40)
+            commit = k % 5 != 3 or k >= count - MOCK_PARTITIONS
+            docs = [doc(i) for i in range(self.next, self.next + n)]
+            self.kafka.transaction(TOPIC, k % MOCK_PARTITIONS, docs, commit)
+            self.next += n
+
+
+def test_offsets_ending_in_transaction_markers_need_no_new_message(
+    cluster: tuple[httpx.Client, Worker], kafka: MockKafka
+) -> None:
+    """A topic written only in transactions, each partition ending with a commit marker,
+    and no message after the job is created: every backfill target (high watermark - 1)
+    is a marker that no read returns, yet the job gets ``created``; the view holds every
+    message a read_committed reader gets, once. Then more transactions, which it follows."""
+    http, _ = cluster
+    txns = Transactions(kafka, seed=8)
+    txns.write(40)
+    create_source(http, kafka)  # starts at the end: no upstream rows until more are written
+    client = KafkaClient(KafkaSpec(kafka.bootstrap, TOPIC, {}))
+    try:
+        marks = client.watermarks()
+        last = {p: client.read(p, None, high)[-1].offset for p, (_, high) in marks.items()}
+    finally:
+        client.close()
+    assert all(last[p] < high - 1 for p, (_, high) in marks.items())  # a marker at the end
+    job = create_job(http, "committed_events")
+    wait_created(http, job)
+    splits = http.get(f"/v1/jobs/{job}/progress").json()["splits"]
+    assert {(int(x["split"]), x["state"], x["offset"]) for x in splits} == {
+        (p, "source_caching_up", high - 1) for p, (_, high) in marks.items()
+    }
+    assert_exact(http, job, times=2)
+    assert caught_up(http, job, readable(kafka))
+
+    txns.write(20)
+    total = readable(kafka)
+    wait_for(lambda: caught_up(http, job, total), what="the view followed the transactions")
+    wait_for(
+        lambda: all(
+            x["state"] == "finished" for x in http.get(f"/v1/jobs/{job}/progress").json()["splits"]
+        ),
+        what="every partition finished",
+    )
+    assert_exact(http, job, times=2)

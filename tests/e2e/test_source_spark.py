@@ -49,13 +49,14 @@ def _backfilling(offset: int | None, target: int | None) -> SourceBackfill:
 
 @given(
     st.lists(st.integers(0, 2), min_size=0, max_size=30),  # gaps between offsets
+    st.integers(0, 2),  # a gap before the high watermark (transaction markers)
     st.integers(-1, 20),
     st.one_of(st.none(), st.integers(0, 30)),
     st.integers(1, 40),
     st.booleans(),
 )
 def test_a_task_summary_accounts_like_the_driver(
-    gaps: list[int], last: int, ahead: int | None, limit: int, cut: bool
+    gaps: list[int], tail: int, last: int, ahead: int | None, limit: int, cut: bool
 ) -> None:
     """What a task reads and reports gives the executor the state ``on_backfill_rows``
     gives it for the same rows: reading stops at the target (``cut``), and were a range
@@ -67,14 +68,18 @@ def test_a_task_summary_accounts_like_the_driver(
         o += g
         topic.append(o)
         o += 1
-    stop = backfill_stop(o, target) if cut else o  # o: the high watermark
+    high = o + tail
+    stop = backfill_stop(high, target) if cut else high
     offsets = [x for x in topic if x < stop][:limit]
+    end = offsets[-1] + 1 if len(offsets) == limit else stop  # as the reader got
     driver, spark = _backfilling(offset, target), _backfilling(offset, target)
     (read,) = driver.next_reads(limit)
     assert spark.next_reads(limit) == [read]
-    visible = driver.on_backfill_rows(read, offsets)
+    visible = driver.on_backfill_rows(read, offsets, end=end)
     s = range_summary(offsets, target)
-    spark.on_backfill_summary(read, s.count, s.last_offset, s.visible, last_visible=s.last_visible)
+    spark.on_backfill_summary(
+        read, s.count, s.last_offset, s.visible, last_visible=s.last_visible, end=end
+    )
     assert s.visible == visible
     assert spark.progress == driver.progress and spark.exhausted == driver.exhausted
     if cut:

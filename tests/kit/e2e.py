@@ -148,10 +148,12 @@ def create_job(http: httpx.Client, name: str, kind: str = "arrangement", **extra
     return int(r.json()["id"])
 
 
-def wait_created(http: httpx.Client, job: int) -> None:
+def wait_created(http: httpx.Client, job: int, timeout: float = 120.0) -> None:
     try:
         wait_for(
-            lambda: http.get(f"/v1/jobs/{job}").json()["state"] == "created", what="job created"
+            lambda: http.get(f"/v1/jobs/{job}").json()["state"] == "created",
+            timeout,
+            what="job created",
         )
     except AssertionError as e:  # say where it stood
         progress = http.get(f"/v1/jobs/{job}/progress").json()

@@ -32,26 +32,73 @@ class MockKafka:
             raise RuntimeError("the mock Kafka cluster did not report its address")
         broker = next(iter(brokers.values()))
         self.bootstrap = f"{broker.host}:{broker.port}"
+        self._quiet = quiet
         self.producer = ck.Producer({"bootstrap.servers": self.bootstrap, "logger": quiet})
+        self._bulk: ck.Producer | None = None
+        self._transactional: ck.Producer | None = None
         self.produced = 0
 
     def produce(self, topic: str, docs: Iterable[tuple[int, Any]]) -> None:
         """Append ``(partition, JSON value)`` messages and wait until they are stored."""
+        self._send(self.producer, topic, docs)
+
+    def load(self, topic: str, docs: Iterable[tuple[int, Any]]) -> None:
+        """``produce`` for a large backlog: the messages go in as few batches as librdkafka
+        makes (about 1 MB), since the mock broker returns one stored batch per fetch and
+        every reader of the topic (``verify`` too) would pay for many small ones."""
+        if self._bulk is None:
+            self._bulk = ck.Producer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "logger": self._quiet,
+                    "linger.ms": 200,
+                    "batch.num.messages": 100_000,
+                    "batch.size": 16_000_000,
+                    "queue.buffering.max.messages": 1_000_000,
+                }
+            )
+        self._send(self._bulk, topic, docs)
+
+    def transaction(self, topic: str, partition: int, docs: Iterable[Any], commit: bool) -> None:
+        """One transaction of one transactional producer: its messages to ``partition``,
+        then a commit (or an abort), whose marker takes an offset of the partition.
+        (The mock broker does not tell consumers which transactions were aborted, so even
+        ``read_committed`` readers get the messages of an aborted one.)"""
+        if self._transactional is None:
+            self._transactional = ck.Producer(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "logger": self._quiet,
+                    "transactional.id": f"kit-{id(self)}",
+                }
+            )
+            self._transactional.init_transactions(30)
+        p = self._transactional
+        p.begin_transaction()
+        self._send(p, topic, ((partition, d) for d in docs))  # stored: an abort has to undo it
+        if commit:
+            p.commit_transaction(30)
+        else:
+            p.abort_transaction(30)
+
+    def _send(self, producer: ck.Producer, topic: str, docs: Iterable[tuple[int, Any]]) -> None:
         for partition, doc in docs:
             value = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
             while True:
                 try:
-                    self.producer.produce(topic, value=value, partition=partition)
+                    producer.produce(topic, value=value, partition=partition)
                     break
                 except BufferError:
-                    self.producer.poll(0.05)
+                    producer.poll(0.05)
             self.produced += 1
-        left = self.producer.flush(30)
+        left = producer.flush(30)
         if left:
             raise RuntimeError(f"{left} messages were not delivered")
 
     def close(self) -> None:
-        self.producer.flush(5)
+        for p in (self.producer, self._bulk, self._transactional):
+            if p is not None:
+                p.flush(5)
 
 
 @contextmanager

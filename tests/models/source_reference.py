@@ -9,7 +9,10 @@ applied; an actor that reported finish leaves the backfill stage once every spli
 the job is ``Finished``. The forward stage only forwards and follows split changes.
 
 Messages: ``("barrier", ModelBarrier)``, ``("upstream", split, offset)``,
-``("backfill", split, offset)``. ``emitted[k]`` holds the (split, offset) rows made
+``("backfill", split, offset)``, and one the seed lacks: ``("backfill_end", split,
+end)``, the backfill reader saw every message of the split below ``end``: past the
+target with no row there (its tail are transaction markers), the split caches up from
+the target instead of waiting for a newer message. ``emitted[k]`` holds the (split, offset) rows made
 visible after the k-th barrier; ``reports[k]`` what the k-th barrier reported.
 """
 
@@ -82,6 +85,8 @@ class SourceReference:
                 self.upstream(m[1], m[2])
             elif m[0] == "backfill":
                 self.backfill(m[1], m[2])
+            elif m[0] == "backfill_end":
+                self.backfill_end(m[1], m[2])
             else:
                 raise ValueError(m)
 
@@ -175,3 +180,9 @@ class SourceReference:
         s.offset = offset
         self.emitted[-1].append((split, offset))
         return True
+
+    def backfill_end(self, split: str, end: int) -> None:
+        assert self.started and not self.forwarding, "backfill reads only in the backfill stage"
+        s = self.states[split]
+        if s.state == BACKFILLING and s.target is not None and end > s.target:
+            s.state, s.offset = CACHING_UP, s.target

@@ -32,6 +32,7 @@ from backfill_core.executors.source import (
     SplitState,
     split_visible_prefix,
 )
+from connectors.kafka import backfill_stop
 from tests.kit.executors import (
     ACTOR,
     OTHER_ACTOR,
@@ -46,23 +47,27 @@ Rows = list[tuple[str, int]]
 
 
 class Topic:
-    """Kafka as both sides see it: existing offsets per partition, and how many of them
-    the shared source passed. ``compacted`` offsets are skipped by the source only (they
-    were removed after the backfill could still read them)."""
+    """Kafka as both sides see it: existing offsets per partition, the high watermark
+    (the offsets below it may end in a gap: transaction markers, which no reader
+    returns), and how many of them the shared source passed. ``compacted`` offsets are
+    skipped by the source only (they were removed after the backfill could still read
+    them)."""
 
     def __init__(self) -> None:
         self.offsets: dict[str, list[int]] = {}
+        self.high: dict[str, int] = {}
         self.passed: dict[str, int] = {}
         self.compacted: set[tuple[str, int]] = set()
 
-    def create(self, split: str, gaps: list[int], passed: int = 0) -> None:
+    def create(self, split: str, gaps: list[int], passed: int = 0, tail: int = 0) -> None:
         self.offsets[split] = offsets_from_gaps(gaps)
+        self.high[split] = (self.offsets[split][-1] + 1 if self.offsets[split] else 0) + tail
         self.passed[split] = min(passed, len(self.offsets[split]))
 
-    def append(self, split: str, gaps: list[int], compact: list[bool]) -> None:
-        last = self.offsets[split][-1] if self.offsets[split] else -1
-        new = offsets_from_gaps(gaps, last)
+    def append(self, split: str, gaps: list[int], compact: list[bool], tail: int = 0) -> None:
+        new = offsets_from_gaps(gaps, self.high[split] - 1)
         self.offsets[split] += new
+        self.high[split] = (new[-1] + 1 if new else self.high[split]) + tail
         self.compacted |= {(split, o) for o, c in zip(new, compact, strict=False) if c}
 
     def advance(self, split: str, n: int) -> list[int]:
@@ -72,11 +77,20 @@ class Topic:
         passed = self.offsets[split][at : self.passed[split]]
         return [o for o in passed if (split, o) not in self.compacted]
 
-    def read(self, split: str, start: int | None, limit: int) -> list[int]:
-        return [o for o in self.offsets[split] if start is None or o >= start][:limit]
+    def read(
+        self, split: str, start: int | None, limit: int, stop: int | None = None
+    ) -> tuple[list[int], int]:
+        """What ``KafkaClient.scan_ranges`` returns: up to ``limit`` messages from
+        ``start`` below ``stop`` (None: the high watermark), and the offset below which
+        the reader saw every message (the stop, unless the limit cut the read short)."""
+        stop = self.high[split] if stop is None else stop
+        first = 0 if start is None else start
+        rows = [o for o in self.offsets[split] if first <= o < stop][:limit]
+        return rows, (rows[-1] + 1 if len(rows) == limit else max(first, stop))
 
     def latest(self, split: str) -> int | None:
-        return self.offsets[split][-1] if self.offsets[split] else None
+        """The backfill info the worker fetches: high watermark - 1 (None: empty)."""
+        return self.high[split] - 1 if self.high[split] > 0 else None
 
 
 def as_ref(p: SplitProgress) -> SplitRef:
@@ -143,12 +157,14 @@ class Side:
         left = allowance
         while left > 0 and (reads := self.impl.next_reads(min(chunk, left))):
             for read in reads:
-                rows, mode = self._read(topic, data, read, modes)
-                visible = self._account(read, rows, mode)
+                rows, end, mode = self._read(topic, data, read, modes)
+                visible = self._account(read, rows, end, mode)
                 self.emitted[i] += [(read.split, o) for o in rows[:visible]]
                 if self.model is not None:
                     for o in rows:
                         self.model.backfill(read.split, o)
+                    if end is not None:
+                        self.model.backfill_end(read.split, end)
                 left -= len(rows)
         if self.model is not None:
             assert tuples(self.impl.progress) == self._model_progress()
@@ -157,18 +173,23 @@ class Side:
 
     def _read(
         self, topic: Topic, data: st.DataObject, read: OffsetRead, modes: Any
-    ) -> tuple[list[int], str]:
-        rows = topic.read(read.split, read.start, read.limit)
+    ) -> tuple[list[int], int | None, str]:
+        """Rows of a read, and the offset below which it saw every message (None: the
+        caller does not say)."""
         mode = data.draw(modes)
+        if mode == "spark":  # the tasks stop after the target
+            stop = backfill_stop(topic.high[read.split], read.target)
+            rows, end = topic.read(read.split, read.start, read.limit, stop)
+            return rows, end, mode
+        rows, end = topic.read(read.split, read.start, read.limit)
         if mode == "short" and rows:  # the consumer returned fewer rows than there are
             rows = rows[: data.draw(st.integers(0, len(rows) - 1))]
-        elif mode == "spark" and read.target is not None:  # stop at the caught-up row
-            rows = [o for o in rows if o < read.target] + [o for o in rows if o >= read.target][:1]
-        return rows, mode
+            return rows, (rows[-1] + 1 if rows else None), mode
+        return rows, end, mode
 
-    def _account(self, read: OffsetRead, rows: list[int], mode: str) -> int:
+    def _account(self, read: OffsetRead, rows: list[int], end: int | None, mode: str) -> int:
         if mode in ("full", "short"):
-            return self.impl.on_backfill_rows(read, rows)
+            return self.impl.on_backfill_rows(read, rows, end=end)
         visible = split_visible_prefix(rows, self.impl.progress[read.split])
         hidden = 0 < visible < len(rows)
         self.impl.on_backfill_summary(
@@ -177,6 +198,7 @@ class Side:
             rows[-1] if rows else None,
             visible,
             last_visible=rows[visible - 1] if hidden else None,
+            end=end,
         )
         return visible
 
@@ -190,6 +212,8 @@ DRAIN_MODES = st.sampled_from(["full", "spark", "summary"])
 # offsets the source passes in an epoch: often none, so the backfill can get ahead of it
 SOURCE_STEPS = st.sampled_from([0, 0, 0, 1, 2, 3, 5])
 COMPACTED = st.sampled_from([False] * 5 + [True])  # a new offset the source will skip
+# offsets without a message before the high watermark (transaction markers)
+MARKERS = st.sampled_from([0, 0, 1, 2])
 
 
 def new_side(
@@ -235,7 +259,8 @@ class Job:
         self.stalled: dict[str, int] = {}  # the source passes nothing there before this epoch
         for s in own + ([self.migrated] if self.migrate_at else []):
             gaps = draw(offset_gaps)
-            self.topic.create(s, gaps, passed=draw(st.integers(0, len(gaps))))
+            passed = draw(st.integers(0, len(gaps)))
+            self.topic.create(s, gaps, passed, draw(MARKERS, label="tail gap"))
             self.stalled[s] = draw(st.integers(0, 4))  # lets the backfill get ahead
         self.owner = {s: ACTOR for s in own}
         self.dropped = draw(st.sampled_from(own)) if self.drop_at else None
@@ -260,9 +285,11 @@ class Job:
     def sides(self) -> list[Side]:
         return [s for s in (self.actor, self.other) if s is not None]
 
-    def step(self, i: int, mutation: dict[str, Any] | None, draining: bool) -> None:
-        """Epoch i: data arrives, the barrier opening i brings the source's rows of i,
-        then the backfill reads of i."""
+    def step(
+        self, i: int, mutation: dict[str, Any] | None, draining: bool, quiet: bool = False
+    ) -> None:
+        """Epoch i: data arrives (none if ``quiet``), the barrier opening i brings the
+        source's rows of i, then the backfill reads of i."""
         topic, draw = self.topic, self.draw
         self.positions[i] = dict(topic.passed)
         if i == self.add_at:
@@ -270,11 +297,13 @@ class Job:
         if i in (self.add_at, self.drop_at, self.migrate_at):
             mutation = {**(mutation or {}), "splits": self._split_change(i)}
         for s in topic.offsets:
-            if draining:
+            if quiet:
+                pass
+            elif draining:
                 topic.append(s, [1], [])
             else:
                 gaps = draw(st.lists(st.integers(1, 3), max_size=3))
-                topic.append(s, gaps, draw(st.lists(COMPACTED, max_size=3)))
+                topic.append(s, gaps, draw(st.lists(COMPACTED, max_size=3)), draw(MARKERS))
         per_split = {}
         for s in topic.offsets:
             steps = 10**6 if draining else draw(SOURCE_STEPS)
@@ -376,11 +405,20 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(data: st.DataObjec
         job.step(i, data.draw(mutations, label="flow mutation"), draining=False)
         if i == job.crash_at:
             job.recover(i)
-    # drain: resume at full speed while data keeps coming and the source keeps up
+    # quiet: resume at full speed, no new data, the source passes all there is; every
+    # split (even one whose offsets end in markers) finishes its backfill and reports it
     drain: dict[str, Any] | None = {
         "resume": True,
         "throttle": {str(ACTOR): None, str(OTHER_ACTOR): None},
     }
+    for _ in range(3):
+        i += 1
+        job.step(i, drain, draining=True, quiet=True)
+        drain = None
+    for side in job.sides():
+        assert side.last is not None and side.last.finished, side.impl.progress
+    job.check_exactly_once()
+    # drain: data keeps coming and the source keeps up
     for _ in range(10):
         i += 1
         job.step(i, drain, draining=True)
@@ -433,6 +471,28 @@ def test_the_source_meeting_the_backfilled_offset_finishes_the_split() -> None:
     out = ex.on_barrier(barrier(2), [("0", 2), ("0", 3)])  # the source had passed 0, 1
     assert out.emit == [1] and state(ex) == (SplitState.FINISHED, None)
     assert ex.next_reads(10) == []
+
+
+def test_offsets_ending_in_transaction_markers_do_not_hold_the_split_back() -> None:
+    ex = SourceBackfill(1, ["0"])
+    ex.on_backfill_info({"0": 5})  # high watermark 6: messages 0..3, then two markers
+    ex.on_barrier(barrier(1), [])
+    (read,) = ex.next_reads(100)
+    assert ex.on_backfill_rows(read, [0, 1, 2, 3], end=6) == 4  # the reader got to 6
+    assert state(ex) == (SplitState.SOURCE_CACHING_UP, 5)
+    out = ex.on_barrier(barrier(2), [("0", 2), ("0", 3)])  # the source was behind
+    assert out.finished and out.emit == []
+    out = ex.on_barrier(barrier(3), [("0", 6)])  # the next message
+    assert out.emit == [0] and state(ex) == (SplitState.FINISHED, None)
+    # a read that stopped before the target proves nothing
+    ex = SourceBackfill(1, ["0"])
+    ex.on_backfill_info({"0": 5})
+    ex.on_barrier(barrier(1), [])
+    (read,) = ex.next_reads(2)
+    ex.on_backfill_rows(read, [0, 1], end=2)
+    assert state(ex) == (SplitState.BACKFILLING, 1)
+    with pytest.raises(ValueError, match="cannot end at"):
+        ex.on_backfill_rows(ex.next_reads(2)[0], [2, 3], end=3)
 
 
 def test_a_compacted_offset_makes_the_next_upstream_row_visible() -> None:
