@@ -3,7 +3,8 @@
 A bench module is ``bench/bench_<name>.py`` with ``run(quick: bool) -> list[dict]``; each
 dict has ``name, value, baseline, ratio, target, unit, passed`` (bool or None) and
 ``note``. The figures also go to ``bench/out/results.json`` (merged per module, so
-``--only`` keeps the other modules' last figures) for a later report to collect.
+``--only`` keeps the other modules' last figures), and ``bench/RESULTS.md`` is written
+from it (``bench/report.py``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,16 @@ import importlib
 import json
 import os
 import pkgutil
-import platform
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from bench import report
+from bench.report import fmt
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "results.json"
@@ -37,6 +42,7 @@ def discover() -> list[str]:
 
 
 def run_module(name: str, quick: bool) -> dict[str, Any]:
+    """The module's entry, run in this process."""
     started = time.perf_counter()
     entry: dict[str, Any] = {"quick": quick, "results": [], "error": None}
     try:
@@ -49,22 +55,31 @@ def run_module(name: str, quick: bool) -> dict[str, Any]:
         entry["results"] = [{k: r[k] for k in KEYS} for r in results]
     except Exception as e:  # one broken benchmark must not hide the others
         traceback.print_exc()
-        entry["error"] = f"{type(e).__name__}: {e}"
+        entry["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
     entry["seconds"] = round(time.perf_counter() - started, 1)
     entry["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     return entry
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, float | int):
-        if abs(v) >= 1000:
-            return f"{v:,.0f}"
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-    return str(v)
+def run_isolated(name: str, quick: bool) -> dict[str, Any]:
+    """The module's entry, run in a child process: each bench gets its own Spark JVM (its
+    classpath, e.g. the JDBC jar, is fixed when the first session starts), threads and
+    memory, and a crash costs only its own figures."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        result = Path(tmp) / "entry.json"
+        cmd = [sys.executable, "-m", "bench", "--only", name, "--child-result", str(result)]
+        code = subprocess.run([*cmd, *(["--quick"] if quick else [])], cwd=HERE.parent).returncode
+        if result.exists():
+            entry: dict[str, Any] = json.loads(result.read_text())
+            return entry
+    return {
+        "quick": quick,
+        "results": [],
+        "error": f"the bench process exited with code {code}",
+        "seconds": round(time.perf_counter() - started, 1),
+        "finished_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
 
 
 def render(entries: dict[str, dict[str, Any]]) -> str:
@@ -76,7 +91,7 @@ def render(entries: dict[str, dict[str, Any]]) -> str:
             notes.append(f"{mod}: {entry['error']}")
         for r in entry["results"]:
             cells = [r[k] for k in ("value", "baseline", "unit", "ratio", "target", "passed")]
-            rows.append((mod, r["name"], *map(_fmt, cells)))
+            rows.append((mod, r["name"], *map(fmt, cells)))
             notes.append(f"{mod} / {r['name']}: {r['note']}")
     widths = [max(len(str(x[i])) for x in [head, *rows]) for i in range(len(head))]
     right = {2, 3, 5}  # numbers
@@ -93,7 +108,9 @@ def render(entries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def save(entries: dict[str, dict[str, Any]], quick: bool) -> Path:
+def save(
+    entries: dict[str, dict[str, Any]], quick: bool, load_before: tuple[float, ...] | None = None
+) -> Path:
     """Merge into ``bench/out/results.json`` (atomic replace)."""
     try:
         old = json.loads(OUT.read_text())
@@ -103,13 +120,13 @@ def save(entries: dict[str, dict[str, Any]], quick: bool) -> Path:
     modules.update(entries)
     doc = {
         "written_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "last_run": {"modules": list(entries), "quick": quick},
-        "machine": {
-            "host": platform.node(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
+        "last_run": {
+            "modules": list(entries),
+            "quick": quick,
+            "load_before": load_before,
+            "load_after": os.getloadavg(),
         },
+        "machine": report.machine(),
         "modules": dict(sorted(modules.items())),
     }
     OUT.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench",
         description="Run the benchmarks; every figure is printed next to a baseline measured "
-        "in the same run, and written to bench/out/results.json.",
+        "in the same run, and written to bench/out/results.json and bench/RESULTS.md.",
     )
     parser.add_argument(
         "--only",
@@ -133,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
         help=f"run only this benchmark (repeatable); one of: {', '.join(names)}",
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
+    parser.add_argument(
+        "--in-process", action="store_true", help="run the benches in this process, one by one"
+    )
+    parser.add_argument("--child-result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     selected = names
     if args.only:
@@ -141,14 +162,21 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(names)}")
         selected = [n for n in names if n in wanted]
+    if args.child_result:  # one bench, for run_isolated
+        (name,) = selected
+        args.child_result.write_text(json.dumps(run_module(name, args.quick), default=str))
+        return 0
+    load_before = os.getloadavg()
     entries: dict[str, dict[str, Any]] = {}
     for name in selected:
         print(f"running {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
-        entries[name] = run_module(name, args.quick)
+        run = run_module if args.in_process else run_isolated
+        entries[name] = run(name, args.quick)
         print(f"  {name}: {entries[name]['seconds']} s", file=sys.stderr, flush=True)
     print(render(entries))
-    path = save(entries, args.quick)
-    print(f"\nwritten to {path.relative_to(HERE.parent)}")
+    path = save(entries, args.quick, load_before)
+    md = report.write(path)
+    print(f"\nwritten to {path.relative_to(HERE.parent)} and {md.relative_to(HERE.parent)}")
     missed = sum(r["passed"] is False for e in entries.values() for r in e["results"])
     errors = sum(e["error"] is not None for e in entries.values())
     print(f"{missed} figure(s) missed their target, {errors} benchmark(s) failed")

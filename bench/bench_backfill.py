@@ -1,8 +1,10 @@
 """MV creation: a whole arrangement backfill of N rows (2M; 200k with ``--quick``)
 through the real control plane and a real worker (Spark data path), against
 ``INSERT INTO ... SELECT`` of the same rows into a plain table with the same primary
-key, in the same run on the same server. Then the same backfill with barrier
-intervals of 200 ms and 1000 ms: the time to create should hardly depend on it.
+key, in the same run on the same server; and against a plain PySpark copy job of the
+same rows into such a table (``bench/_plain_copy.py``: what a user would run without the
+service). Then the same backfill with barrier intervals of 200 ms and 1000 ms: the time
+to create should hardly depend on it.
 
 The worker's SparkSession is started before the clock runs (a worker is long-lived);
 the job is created through the API and timed until it reads ``created``.
@@ -19,6 +21,7 @@ from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
 from bench._live import live_worker, time_until_created
 from bench._pg import fresh_database
+from bench._plain_copy import spark_copy
 from service.catalog.tables import create_table, storage_of
 from service.db import Database
 from service.embedded_pg import to_libpq_url
@@ -32,6 +35,7 @@ SCHEMA = TableSchema.build(
     ["id"],
 )
 LOAD_EPOCH = 1 << 16  # below any epoch the barrier loop will commit
+PARALLELISM = 4  # the MV's actors, and the copy job's partitions
 
 
 def _rows(lo: int, hi: int) -> list[tuple[Any, ...]]:
@@ -44,6 +48,7 @@ def _load(db: Database, conn: Any, n: int) -> None:
     with conn.cursor() as cur:
         cur.execute("CREATE TABLE public.plain_src (id bigint PRIMARY KEY, amount int, note text)")
         cur.execute("CREATE TABLE public.plain_dst (id bigint PRIMARY KEY, amount int, note text)")
+        cur.execute("CREATE TABLE public.spark_dst (id bigint PRIMARY KEY, amount int, note text)")
         for lo in range(0, n, 200_000):
             rows = _rows(lo, min(n, lo + 200_000))
             store.write(cur, LOAD_EPOCH, [Version(r) for r in rows])
@@ -81,6 +86,40 @@ def _insert_select(conn: Any) -> float:
         return time.perf_counter() - t0
 
 
+def load_and_insert_select(db: Database, url: str, n: int) -> float:
+    """Loads ``n`` rows into ``orders`` and ``plain_src``; seconds of the INSERT INTO ...
+    SELECT of them into ``plain_dst`` (the baseline every backfill bench compares with)."""
+    conn = psycopg2.connect(to_libpq_url(url))
+    try:
+        _load(db, conn, n)
+        return _insert_select(conn)
+    finally:
+        conn.close()
+
+
+def _spark_copy(url: str, n: int, parts: int) -> float:
+    """The plain PySpark copy of ``plain_src`` into ``spark_dst`` in ``parts`` key ranges."""
+    spec = {
+        "dsn": to_libpq_url(url),
+        "source": "public.plain_src",
+        "target": "public.spark_dst",
+        "ddl": "id BIGINT, amount INT, note STRING",
+        "arrow": {"id": "int64", "amount": "int32", "note": "string"},
+        "key": "id",
+        "ranges": [[k * n // parts, (k + 1) * n // parts] for k in range(parts)],
+    }
+    elapsed = spark_copy(spec)
+    conn = psycopg2.connect(spec["dsn"])
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT count(*) FROM public.spark_dst")
+            copied = cur.fetchone()[0]
+    finally:
+        conn.close()
+    assert copied == n, f"the copy job wrote {copied} rows, not {n}"
+    return elapsed
+
+
 def _create_mv(db: Database, url: str, interval_ms: int, name: str, n: int) -> float:
     with live_worker(db, url, interval_ms, f"bench-{interval_ms}") as (http, worker):
         job = {
@@ -88,7 +127,7 @@ def _create_mv(db: Database, url: str, interval_ms: int, name: str, n: int) -> f
             "upstream": {"table": "orders"},
             "columns": ["id", "amount", "note"],
             "backfill": "arrangement",
-            "parallelism": 4,
+            "parallelism": PARALLELISM,
         }
         elapsed = time_until_created(http, job, n)
         assert worker.spark is not None and worker.spark.jobs > 0, "the Spark path was not used"
@@ -98,15 +137,11 @@ def _create_mv(db: Database, url: str, interval_ms: int, name: str, n: int) -> f
 def run(quick: bool) -> list[dict[str, Any]]:
     n = 200_000 if quick else 2_000_000
     with fresh_database() as (url, db):
-        conn = psycopg2.connect(to_libpq_url(url))
-        try:
-            _load(db, conn, n)
-            baseline = _insert_select(conn)
-            t1000 = _create_mv(db, url, 1000, "mv_1000", n)
-            t200 = _create_mv(db, url, 200, "mv_200", n)
-        finally:
-            conn.close()
-    note = f"{n:,} rows, 4 actors, one worker (Spark local[*]); baseline INSERT INTO ... SELECT"
+        baseline = load_and_insert_select(db, url, n)
+        t1000 = _create_mv(db, url, 1000, "mv_1000", n)
+        t200 = _create_mv(db, url, 200, "mv_200", n)
+        spark = _spark_copy(url, n, PARALLELISM)
+    note = f"{n:,} rows, {PARALLELISM} actors, one worker (Spark local[*])"
     return [
         {
             "name": "MV creation vs INSERT ... SELECT",
@@ -116,7 +151,19 @@ def run(quick: bool) -> list[dict[str, Any]]:
             "target": "<= 1.5",
             "unit": "s",
             "passed": t1000 / baseline <= 1.5,
-            "note": note + ", barrier interval 1000 ms",
+            "note": note + ", barrier interval 1000 ms; baseline INSERT INTO ... SELECT",
+        },
+        {
+            "name": "MV creation vs a plain PySpark copy job",
+            "value": round(t1000, 2),
+            "baseline": round(spark, 2),
+            "ratio": round(t1000 / spark, 2),
+            "target": "report",
+            "unit": "s",
+            "passed": None,
+            "note": note + f", barrier interval 1000 ms; baseline: a PySpark job (same session "
+            f"settings, {PARALLELISM} key-range partitions) copying the rows with COPY csv <-> "
+            "Arrow into a plain table with the same primary key (bench/_plain_copy.py)",
         },
         {
             "name": "MV creation, barrier interval 200 vs 1000 ms",
