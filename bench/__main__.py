@@ -21,6 +21,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from tests.kit.auth import use_test_tokens
+
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "results.json"
 PREFIX = "bench_"
@@ -134,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="smaller sizes, for a smoke run")
     args = parser.parse_args(argv)
+    use_test_tokens()  # every control plane and worker of the benches has auth on
     selected = names
     if args.only:
         wanted = [n.removeprefix(PREFIX).removesuffix(".py") for n in args.only]

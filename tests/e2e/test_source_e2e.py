@@ -20,6 +20,7 @@ import pytest
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import http_client
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka
 from tests.kit.live import live_server
@@ -149,7 +150,7 @@ def test_a_killed_worker_resumes_the_source_backfill_exactly(
     )
     backfill = str(Path(sys.executable).parent / "backfill")
     kafka.produce(TOPIC, [(i % MOCK_PARTITIONS, doc(i)) for i in range(12_000)])
-    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with live_server(settings, db) as url, http_client(url, timeout=60) as http:
         create_source(http, kafka)
         producer = Producer(kafka, 12_000, seed=4)
         producer.thread.start()

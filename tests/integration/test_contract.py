@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg2
 import pytest
 import schemathesis
@@ -30,6 +29,7 @@ from service import migrate
 from service.db import Database
 from service.embedded_pg import to_libpq_url
 from service.settings import Settings
+from tests.kit.auth import http_client
 from tests.kit.e2e import wait_for
 from tests.kit.kafka import MockKafka, mock_kafka
 from tests.kit.live import live_server
@@ -90,7 +90,7 @@ def base_url(contract_db: Database, broker: MockKafka) -> Iterator[str]:
         database_url=contract_db.url, spawn_embedded_worker=False, barrier_interval_ms=50
     )
     with live_server(settings, contract_db) as url:
-        with httpx.Client(base_url=url, timeout=30) as http:
+        with http_client(url, timeout=30) as http:
             assert http.post("/v1/tables", json=SEED).status_code == 201
             ops = [{"op": "insert", "row": {"id": i, "amount": str(i)}} for i in range(50)]
             r = http.post("/v1/tables/seed/dml", params={"wait": "true"}, json={"ops": ops})
