@@ -2,8 +2,9 @@
 
 Who may call what (``allowed_roles``):
 
-* open paths (``BACKFILL_OPEN_PATHS``, default ``/healthz /readyz /metrics``) and the
-  public static files (the dashboard page and its assets, the API docs): anyone;
+* ``GET``/``HEAD`` of the open paths (``BACKFILL_OPEN_PATHS``, default ``/healthz
+  /readyz /metrics``) and of the static files (the dashboard page and its assets, the API
+  docs, which hold no data): anyone;
 * ``/v1/workers`` and below (the worker protocol): ``worker`` and ``admin``;
 * any other ``GET``/``HEAD`` (reads, progress, event streams): ``reader`` and ``admin``;
 * everything else (creates, DML, pause, drop, ...): ``admin``.
@@ -48,7 +49,8 @@ def configured_tokens(settings: Settings) -> dict[Role, str]:
 
 def allowed_roles(method: str, path: str, open_paths: frozenset[str]) -> frozenset[Role] | None:
     """The roles that may make this request; None: no token needed."""
-    if path in open_paths or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+    public = path in open_paths or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
+    if public and method in READS:
         return None
     if path == WORKER_PREFIX or path.startswith(WORKER_PREFIX + "/"):
         return frozenset({"worker", "admin"})

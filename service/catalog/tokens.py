@@ -16,7 +16,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Literal, cast
+from typing import Literal
 
 from sqlalchemy import delete, select, text
 from sqlalchemy.dialects.postgresql import insert
@@ -93,7 +93,7 @@ def revoke(db: Database, token_hash: str) -> None:
 def load(db: Database) -> dict[str, Role]:
     with db.transaction() as s:
         rows = s.execute(select(ApiToken.token_hash, ApiToken.role)).all()
-    return {h: cast(Role, role) for h, role in rows if role in ROLES}
+    return {h: role for h, role in rows if role in ROLES}
 
 
 class TokenAuthority:
