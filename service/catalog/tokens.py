@@ -175,20 +175,22 @@ class TokenAuthority:
         return age >= RELOAD_S or (not known and age >= MISS_RELOAD_S)
 
     def reload_if_due(self, token_hash: str) -> None:
-        """Blocking (a query): off the event loop."""
-        if not self.due(token_hash):
+        """Blocking (a query): off the event loop. One request reloads at a time; the
+        others meanwhile answer from the snapshot they have (never wait for a query)."""
+        if not self.due(token_hash) or not self._lock.acquire(blocking=False):
             return
-        with self._lock:
+        try:
             if not self.due(token_hash):
                 return
             self._loaded_at = self._clock()
             if not self.synced:
                 self._sync()
             assert self.db is not None
-            try:
-                self._stored = load(self.db)
-            except Exception as e:  # keep the last snapshot: a blip must not lock anyone out
-                log.warning("cannot reload the API tokens (%s)", e)
+            self._stored = load(self.db)
+        except Exception as e:  # keep the last snapshot: a blip must not lock anyone out
+            log.warning("cannot reload the API tokens (%s)", e)
+        finally:
+            self._lock.release()
 
 
 def announce_admin_token(token: str) -> None:
