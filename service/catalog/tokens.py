@@ -1,9 +1,9 @@
 """Bearer tokens: stored as sha256 hashes with their role, never in plain text.
 
 ``sync`` runs at each start: the tokens given in settings replace the ones an earlier
-start was given (``source = 'settings'``), the previous start's embedded-worker token is
-dropped, and when no admin token exists at all one is generated (``'generated'``) and
-returned, to be shown once. ``TokenAuthority`` answers "which role has this token" from
+start was given (``source = 'settings'``), the tokens an earlier start issued for its
+embedded worker or a demo session are dropped, and when no admin token exists at all
+one is generated (``'generated'``) and returned, to be shown once. ``TokenAuthority`` answers "which role has this token" from
 an in-memory snapshot of the table, reloaded every few seconds (and on an unknown token,
 at most a few times a second), so a request costs one sha256 and a dict lookup.
 """
@@ -34,6 +34,7 @@ SETTINGS, GENERATED, EMBEDDED_WORKER, SESSION = (
     "embedded-worker",
     "session",
 )
+PER_START = (EMBEDDED_WORKER, SESSION)  # a process's own tokens, left over if it died
 TOKEN_LOCK_ID = 0x6D76_746B  # "mvtk": two replicas starting at once generate one token
 
 RELOAD_S = 2.0  # a token revoked elsewhere stops working within this long
@@ -50,14 +51,14 @@ def new_token() -> str:
 
 def sync(db: Database, configured: Mapping[Role, str]) -> str | None:
     """Store the configured tokens' hashes (role -> hash) in place of earlier ones, drop
-    the last start's embedded-worker token, and generate an admin token if there is none;
+    the tokens an earlier start issued for itself, and generate an admin token if there is none;
     returns that new token (the only time it exists in plain text), else None."""
     hashes = set(configured.values())
     with db.transaction() as s:
         s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": TOKEN_LOCK_ID})
         s.execute(
             delete(ApiToken).where(
-                (ApiToken.source == EMBEDDED_WORKER)
+                ApiToken.source.in_(PER_START)
                 | ((ApiToken.source == SETTINGS) & ApiToken.token_hash.not_in(hashes))
             )
         )
@@ -129,8 +130,7 @@ class TokenAuthority:
             return None
         self.synced = True
         self._stored, self._loaded_at = stored, self._clock()
-        if generated is not None:
-            self._own[hash_token(generated)] = "admin"
+        if generated is not None:  # stored, so in the snapshot just loaded
             announce_admin_token(generated)
         return generated
 
