@@ -25,6 +25,7 @@ from typing import Any
 
 from bench import report
 from bench.report import fmt
+from tests.kit.auth import use_test_tokens
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "out" / "results.json"
@@ -155,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--child-result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    use_test_tokens()  # every control plane and worker of the benches has auth on
     selected = names
     if args.only:
         wanted = [n.removeprefix(PREFIX).removesuffix(".py") for n in args.only]

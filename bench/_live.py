@@ -14,6 +14,7 @@ import httpx
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import http_client
 from tests.kit.live import live_server
 
 
@@ -31,7 +32,7 @@ def live_worker(
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         try:
-            with httpx.Client(base_url=base, timeout=120) as http:
+            with http_client(base, timeout=120) as http:
                 deadline = time.monotonic() + 120
                 while worker.spark is None:
                     assert time.monotonic() < deadline, "the worker did not register"

@@ -13,12 +13,12 @@ import time
 import uuid
 from typing import Any
 
-import httpx
 from sqlalchemy import text
 
 from bench._pg import fresh_database
 from service.settings import Settings
 from spark_workers.client import ControlPlaneClient
+from tests.kit.auth import TOKENS, http_client
 from tests.kit.live import live_server
 from tests.kit.meta import make_job
 
@@ -32,7 +32,7 @@ def _pct(xs: list[float], p: float) -> float:
 
 
 def _fake_worker(url: str, stop: threading.Event) -> None:
-    client = ControlPlaneClient(url)
+    client = ControlPlaneClient(url, token=TOKENS["worker"])
     client.register(f"bench-{uuid.uuid4().hex[:6]}", ACTORS)
     while not stop.is_set():
         batch = [
@@ -87,7 +87,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
                     )
                 ][5:]  # skip the warm-up barriers
             floor = []
-            with httpx.Client(base_url=base) as http:
+            with http_client(base) as http:
                 for _ in range(200):
                     t0 = time.perf_counter()
                     http.get("/healthz")

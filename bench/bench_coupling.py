@@ -27,6 +27,7 @@ from service.db import Database
 from service.embedded_pg import to_libpq_url
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import http_client
 from tests.kit.live import live_server
 
 INTERVAL_MS = 200
@@ -74,7 +75,7 @@ def _backfill(
     db: Database, base: str, kind: str, n: int, idle_s: float = 0.0
 ) -> tuple[list[float], float]:
     """Upstream latencies while a ``kind`` backfill runs (``none``: ``idle_s`` of writes)."""
-    with httpx.Client(base_url=base, timeout=120) as http:
+    with http_client(base, timeout=120) as http:
         stop = threading.Event()
         writer = threading.Thread(target=_writer, args=(http, stop, n), daemon=True)
         writer.start()
@@ -128,7 +129,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             a, ta = _worker(base, "bench-coupling-a", capacity=1)
             workers = [(a, ta)]
             try:
-                with httpx.Client(base_url=base, timeout=120) as http:
+                with http_client(base, timeout=120) as http:
                     # the standing MV: a small projection, created before worker B exists
                     r = http.post(
                         "/v1/jobs",

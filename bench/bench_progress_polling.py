@@ -13,11 +13,10 @@ import time
 import uuid
 from typing import Any
 
-import httpx
-
 from bench._pg import fresh_database
 from service.settings import Settings
 from spark_workers.client import ControlPlaneClient
+from tests.kit.auth import TOKENS, http_client
 from tests.kit.live import live_server
 from tests.kit.meta import make_job
 
@@ -32,7 +31,7 @@ def _pct(xs: list[float], p: float) -> float:
 
 def _fake_worker(url: str, stop: threading.Event) -> None:
     """Collects every barrier, reporting rows that grow, as a real worker would."""
-    client = ControlPlaneClient(url)
+    client = ControlPlaneClient(url, token=TOKENS["worker"])
     client.register(f"bench-{uuid.uuid4().hex[:6]}", 1000)
     n = 0
     while not stop.is_set():
@@ -68,7 +67,7 @@ def _poll(base: str, paths: list[str], seconds: float) -> list[float]:
     total = int(seconds * RATE)
 
     def shooter(k: int, stride: int) -> None:
-        with httpx.Client(base_url=base, timeout=10) as http:
+        with http_client(base, timeout=10) as http:
             for i in range(k, total, stride):
                 due = start + i / RATE
                 delay = due - time.perf_counter()
@@ -99,7 +98,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             worker.start()
             time.sleep(0.3)  # let the worker register before placing actors
             jobs = [make_job(db, f"poll{i}", 1) for i in range(JOBS)]
-            with httpx.Client(base_url=base) as http:
+            with http_client(base) as http:
                 deadline = time.monotonic() + 60
                 while http.get(f"/v1/jobs/{jobs[-1]}/progress").json()["rows"] == 0:
                     assert time.monotonic() < deadline, "no progress committed"

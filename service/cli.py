@@ -58,7 +58,7 @@ async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # t
         print(f"backfill control plane ready at {url}", flush=True)
         if on_ready is not None:
             try:
-                await on_ready(url)
+                await on_ready(url, app.state.ctx)
             finally:
                 server.should_exit = True
     await task
@@ -106,13 +106,13 @@ def cmd_db(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from service.demo import run_demo
+    from service.demo import demo_session
 
     settings = _settings_or_exit(port=args.port, data_dir=args.data_dir)
     asyncio.run(
         _serve(
             settings,
-            on_ready=lambda url: run_demo(url, keep_running=args.keep_running),
+            on_ready=lambda url, ctx: demo_session(url, ctx, keep_running=args.keep_running),
             access_log=False,
         )
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from service.catalog.tokens import TokenAuthority
 from service.clock import Clock, system_clock
 from service.db import Database
 from service.meta.signal import BarrierSignal
@@ -17,3 +18,4 @@ class ServiceContext:
     clock: Clock = field(default=system_clock)
     signal: BarrierSignal = field(default_factory=BarrierSignal)
     base_url: str | None = None  # known once the server listens
+    auth: TokenAuthority | None = None  # None: authentication is switched off

@@ -8,13 +8,27 @@ import time
 
 import httpx
 
+from service.catalog.tokens import SESSION
+from service.context import ServiceContext
+
 DEMO_TABLE = "demo_orders"
 ROWS = 20_000
 BATCH = 2_000
 
 
-async def run_demo(base_url: str, *, keep_running: bool = False) -> None:
-    async with httpx.AsyncClient(base_url=base_url, timeout=60) as http:
+async def demo_session(base_url: str, ctx: ServiceContext, *, keep_running: bool) -> None:
+    """The demo with an admin token of its own, valid while it runs (none if auth is off)."""
+    token = ctx.auth.issue("admin", SESSION) if ctx.auth is not None else None
+    try:
+        await run_demo(base_url, token=token, keep_running=keep_running)
+    finally:
+        if ctx.auth is not None and token is not None:
+            ctx.auth.retire(token)
+
+
+async def run_demo(base_url: str, *, token: str | None = None, keep_running: bool = False) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    async with httpx.AsyncClient(base_url=base_url, timeout=60, headers=headers) as http:
         ready = (await http.get("/readyz")).json()
         print(
             f"database reachable: {ready['database']}, catalog at migration {ready['migrations']}"
@@ -125,6 +139,10 @@ async def run_demo(base_url: str, *, keep_running: bool = False) -> None:
         print("barrier loop: " + (committed[0] if committed else "no commits yet"))
         print(f"API docs: {base_url}/docs")
     if keep_running:
+        if token is not None:
+            print(
+                f"dashboard (this token works until the demo stops): {base_url}/dashboard#token={token}"
+            )
         print("serving until interrupted (Ctrl-C)", flush=True)
         await asyncio.Event().wait()
 

@@ -30,6 +30,16 @@ class BadRequest(ServiceError):
     code = "bad_request"
 
 
+class Unauthorized(ServiceError):
+    status = 401
+    code = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    status = 403
+    code = "forbidden"
+
+
 class NotFound(ServiceError):
     status = 404
     code = "not_found"

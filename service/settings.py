@@ -7,12 +7,22 @@ private Postgres from the ``pgserver`` wheel under ``BACKFILL_DATA_DIR``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import (
+    AliasChoices,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "BACKFILL_"
+TOKEN_FIELDS = ("admin_token", "reader_token", "worker_token")
+MIN_TOKEN_CHARS = 16
+DEFAULT_OPEN_PATHS = ("/healthz", "/readyz", "/metrics")
 
 
 class SettingsError(Exception):
@@ -50,6 +60,15 @@ class Settings(BaseSettings):
         le=30 * 86_400,
         description="how long an Idempotency-Key is remembered (then cleaned up lazily)",
     )
+    # authentication (README, "Security"): bearer tokens, stored only as sha256 hashes
+    auth: bool = Field(default=True, description="false: every route is open (no tokens)")
+    admin_token: SecretStr | None = None
+    reader_token: SecretStr | None = None
+    worker_token: SecretStr | None = None
+    open_paths: Annotated[tuple[str, ...], NoDecode] = Field(
+        default=DEFAULT_OPEN_PATHS, description="paths served without a token"
+    )
+
     auto_migrate: bool = True
     run_barrier_loop: bool = True
     spawn_embedded_worker: bool = True
@@ -75,6 +94,43 @@ class Settings(BaseSettings):
             raise ValueError("must be a postgresql:// URL")
         return v
 
+    @field_validator(*TOKEN_FIELDS, mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, v: Any) -> Any:
+        return None if isinstance(v, str) and v.strip() == "" else v
+
+    @field_validator(*TOKEN_FIELDS)
+    @classmethod
+    def _long_enough(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and len(v.get_secret_value()) < MIN_TOKEN_CHARS:
+            raise ValueError(f"a token must have at least {MIN_TOKEN_CHARS} characters")
+        return v
+
+    @model_validator(mode="after")
+    def _tokens_differ(self) -> Settings:
+        given = [t.get_secret_value() for f in TOKEN_FIELDS if (t := getattr(self, f)) is not None]
+        if len(set(given)) != len(given):
+            raise ValueError(
+                "BACKFILL_ADMIN_TOKEN, BACKFILL_READER_TOKEN and BACKFILL_WORKER_TOKEN must differ"
+            )
+        return self
+
+    @field_validator("open_paths", mode="before")
+    @classmethod
+    def _comma_separated(cls, v: Any) -> Any:
+        """``BACKFILL_OPEN_PATHS=/healthz,/readyz``; empty: no path is open."""
+        if isinstance(v, str):
+            return tuple(p.strip() for p in v.split(",") if p.strip())
+        return v
+
+    @field_validator("open_paths")
+    @classmethod
+    def _absolute_paths(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for path in v:
+            if not path.startswith("/"):
+                raise ValueError(f"{path!r} is not a path (it must start with /)")
+        return v
+
     @property
     def embedded(self) -> bool:
         return self.database_url is None
@@ -93,7 +149,10 @@ def load_settings(**overrides: Any) -> Settings:
     except ValidationError as e:
         problems = []
         for err in e.errors():
-            field = str(err["loc"][0]) if err["loc"] else "?"
-            got = err.get("input")
-            problems.append(f"{_env_name(field)}: {err['msg']} (got {got!r})")
+            if not err["loc"]:  # a rule over several settings: its input is all of them
+                problems.append(err["msg"].removeprefix("Value error, "))
+                continue
+            field = str(err["loc"][0])
+            got = "<hidden>" if field in TOKEN_FIELDS else repr(err.get("input"))
+            problems.append(f"{_env_name(field)}: {err['msg']} (got {got})")
         raise SettingsError("invalid configuration:\n  " + "\n  ".join(problems)) from None

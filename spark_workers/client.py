@@ -4,6 +4,7 @@ Every call is safe to retry: register creates a new worker (only retried when th
 request provably never reached the server), heartbeats and polls are reads or
 refreshes, and collects are idempotent per (actor, epoch) on the server, so a collect
 whose response was lost comes back as ``duplicate`` instead of being applied twice.
+Every request carries the worker's token (``BACKFILL_WORKER_TOKEN``) when it has one.
 """
 
 from __future__ import annotations
@@ -51,8 +52,12 @@ class ControlPlaneClient:
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
         transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
-        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, transport=transport)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self.http = httpx.Client(
+            base_url=base_url, timeout=timeout_s, transport=transport, headers=headers
+        )
         self.retry = retry or RetryPolicy()
         self.rng = rng or random.Random()
         self.worker_id: int | None = None

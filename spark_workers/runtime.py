@@ -38,7 +38,10 @@ class Worker:
         settings: Settings | None = None,
     ) -> None:
         self.settings = settings or load_settings()
-        self.client = ControlPlaneClient(control_plane_url)
+        token = self.settings.worker_token
+        self.client = ControlPlaneClient(
+            control_plane_url, token=token.get_secret_value() if token else None
+        )
         self.spark: SparkPath | None = None
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.capacity = capacity

@@ -15,6 +15,10 @@ from service import migrate
 from service.db import Database
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
 from service.settings import Settings
+from tests.kit.auth import use_test_tokens
+
+# auth stays on everywhere: every Settings() (and every child process) has the test tokens
+use_test_tokens()
 
 # CI runs must be reproducible: a fixed example sequence there, fresh exploration locally
 hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
@@ -72,11 +76,10 @@ def settings(fresh_db_url: str) -> Settings:
 
 @pytest.fixture
 def client(db: Database, settings: Settings) -> Iterator[object]:
-    from fastapi.testclient import TestClient
-
     from service.api.app import create_app
+    from tests.kit.auth import api_client
 
-    with TestClient(create_app(settings, db)) as c:
+    with api_client(create_app(settings, db)) as c:
         yield c
 
 

@@ -12,8 +12,10 @@ from fastapi import FastAPI, Request
 
 from service import migrate
 from service.api import dashboard, events, health, jobs, metrics, sources, tables, workers
+from service.api.auth import BearerAuth, configured_tokens, document_security
 from service.api.errors import install_error_handlers
 from service.api.limits import BodySizeLimit
+from service.catalog.tokens import EMBEDDED_WORKER, TokenAuthority
 from service.context import ServiceContext
 from service.db import Database
 from service.meta import metrics as meta_metrics
@@ -29,19 +31,23 @@ API_VERSION = "0.1.0"
 def create_app(settings: Settings | None = None, db: Database | None = None) -> FastAPI:
     """Build the app; the database (embedded unless configured) starts with the app."""
     settings = settings or load_settings()
+    authority = TokenAuthority(configured_tokens(settings)) if settings.auth else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         database = db or Database.from_settings(settings)
         if settings.auto_migrate:
             migrate.upgrade(database.engine)
-        ctx = ServiceContext(settings=settings, db=database)
+        ctx = ServiceContext(settings=settings, db=database, auth=authority)
         app.state.ctx = ctx
-        spawner = (
-            EmbeddedWorkerSpawner(lambda: ctx.base_url)
-            if settings.embedded and settings.spawn_embedded_worker
-            else None
-        )
+        worker_token = None
+        if authority is not None:
+            authority.start(database)
+        spawner = None
+        if settings.embedded and settings.spawn_embedded_worker:
+            if authority is not None:  # one per start; the spawned worker's only token
+                worker_token = authority.issue("worker", EMBEDDED_WORKER)
+            spawner = EmbeddedWorkerSpawner(lambda: ctx.base_url, worker_token)
         loop = (
             MetaLoop(settings, database, ctx.clock, ctx.signal, spawner)
             if settings.run_barrier_loop
@@ -55,6 +61,8 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         finally:
             if loop is not None:
                 loop.stop()
+            if authority is not None and worker_token is not None:
+                authority.retire(worker_token)
             if db is None:
                 database.close()
 
@@ -67,6 +75,9 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    if authority is not None:  # outside the body limit: anonymous bodies are never read
+        app.add_middleware(BearerAuth, authority=authority, open_paths=settings.open_paths)
+        document_security(app, settings.open_paths)
     app.middleware("http")(_measure)  # outermost: counts the 413s too
     app.include_router(health.router)
     app.include_router(tables.router)

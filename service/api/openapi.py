@@ -6,13 +6,17 @@ from typing import Any
 
 import yaml
 
-from service.settings import Settings
+from service.settings import DEFAULT_OPEN_PATHS, Settings
 
 
 def openapi_document() -> dict[str, Any]:
+    """The document of the default configuration (auth on), whatever the environment."""
     from service.api.app import create_app
 
-    return create_app(Settings(database_url="postgresql://unused/unused")).openapi()
+    settings = Settings(
+        database_url="postgresql://unused/unused", auth=True, open_paths=DEFAULT_OPEN_PATHS
+    )
+    return create_app(settings).openapi()
 
 
 def render_openapi() -> str:

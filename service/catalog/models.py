@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    CheckConstraint,
     DateTime,
     Float,
     ForeignKey,
@@ -270,3 +271,17 @@ class IdempotencyKey(Base):
     created_at: Mapped[dt.datetime] = _now()
     respond_by: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ApiToken(Base):
+    """A bearer token the API accepts: only its sha256, never the token itself."""
+
+    __tablename__ = "api_tokens"
+    __table_args__ = (
+        CheckConstraint("role IN ('admin', 'reader', 'worker')", name="role"),
+        CheckConstraint("token_hash ~ '^[0-9a-f]{64}$'", name="sha256_hex"),
+    )
+    token_hash: Mapped[str] = mapped_column(Text, primary_key=True)
+    role: Mapped[str] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(Text)  # settings | generated | embedded-worker | session
+    created_at: Mapped[dt.datetime] = _now()

@@ -2,6 +2,8 @@
 //   #/            the job list (progress of running jobs polled every second)
 //   #/jobs/{id}   one job: progress, per-vnode heatmap, rows/s sparkline, controls
 // GET /v1/events (Server-Sent Events) triggers refreshes as jobs change.
+// Every request carries a bearer token: opened as /dashboard#token=..., the page keeps it
+// in localStorage (and drops it from the address); a 401 asks for one.
 "use strict";
 
 const POLL_MS = 1000;
@@ -29,6 +31,55 @@ const state = {
   again: false,
 };
 
+// ---------------------------------------------------------------- token
+
+const TOKEN_KEY = "backfill.token";
+let memoryToken = null; // when localStorage is unavailable
+let tokenWaiters = []; // resolved when the user gives a new token
+
+function getToken() {
+  try {
+    return localStorage.getItem(TOKEN_KEY) || memoryToken;
+  } catch (e) {
+    return memoryToken;
+  }
+}
+
+function setToken(token) {
+  memoryToken = token;
+  try {
+    localStorage.setItem(TOKEN_KEY, token);
+  } catch (e) {
+    // memoryToken serves this page
+  }
+  const waiters = tokenWaiters;
+  tokenWaiters = [];
+  for (const resolve of waiters) resolve();
+}
+
+// #token=... in the address: keep it and take it out of the address (and history)
+function takeTokenFromUrl() {
+  const m = location.hash.match(/^#token=(.+)$/);
+  if (!m) return;
+  setToken(decodeURIComponent(m[1]));
+  history.replaceState(null, "", `${location.pathname}${location.search}#/`);
+}
+
+function withToken(headers) {
+  const token = getToken();
+  return token ? { ...headers, Authorization: `Bearer ${token}` } : headers;
+}
+
+function askForToken(message) {
+  $("token-message").textContent = message;
+  if ($("token-form").hidden) {
+    $("token-form").hidden = false;
+    $("token-input").focus();
+  }
+}
+
+const newToken = () => new Promise((resolve) => tokenWaiters.push(resolve));
+
 // ---------------------------------------------------------------- API
 
 class ApiError extends Error {}
@@ -36,7 +87,8 @@ class ApiError extends Error {}
 // Calls the API (relative to the page, so a path prefix in front of the service works)
 // and turns error bodies ({"error": {code, message, details}}) into an ApiError.
 async function api(method, path, body) {
-  const init = { method, headers: { Accept: "application/json" } };
+  const token = getToken();
+  const init = { method, headers: withToken({ Accept: "application/json" }) };
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
@@ -53,6 +105,10 @@ async function api(method, path, body) {
     data = text ? JSON.parse(text) : null;
   } catch (e) {
     data = null;
+  }
+  if (response.status === 401) {
+    if (token === getToken()) askForToken(token ? "The token was not accepted." : "");
+    throw new ApiError("a token is needed");
   }
   if (!response.ok) {
     const err = data && data.error;
@@ -79,6 +135,7 @@ function describeDetails(details) {
 }
 
 function showError(e) {
+  if (e instanceof ApiError && !$("token-form").hidden) return; // the token prompt says it
   $("error-text").textContent = e instanceof Error ? e.message : String(e);
   $("error").hidden = false;
 }
@@ -131,6 +188,7 @@ function parseRoute() {
 }
 
 function onRoute() {
+  takeTokenFromUrl(); // #token=... given while the page is open
   const route = parseRoute();
   const changedJob = route.name !== "job" || state.route.id !== route.id;
   state.route = route;
@@ -407,38 +465,97 @@ function renderJobEvents() {
 
 // ---------------------------------------------------------------- live events
 
-function connectEvents() {
-  if (!("EventSource" in window)) return;
-  const source = new EventSource("v1/events");
+// EventSource cannot send a token, so the stream is read with fetch and parsed here
+// (the text/event-stream format), reconnecting with Last-Event-ID as a browser would.
+async function connectEvents() {
   const live = $("live");
-  source.onopen = () => {
-    live.textContent = "live";
-    live.classList.add("on");
-  };
-  source.onerror = () => {
-    // the browser reconnects by itself, resuming after the last event id
+  let lastId = null;
+  let retryMs = 2000;
+  for (;;) {
+    try {
+      const token = getToken();
+      const headers = withToken({ Accept: "text/event-stream" });
+      if (lastId !== null) headers["Last-Event-ID"] = lastId;
+      const response = await fetch("v1/events", { headers, cache: "no-store" });
+      if (response.status === 401) {
+        if (token !== getToken()) continue; // a new one came meanwhile
+        askForToken(token ? "The token was not accepted." : "");
+        await newToken();
+        continue;
+      }
+      if (!response.ok || !response.body) throw new Error(`HTTP ${response.status}`);
+      live.textContent = "live";
+      live.classList.add("on");
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let buffer = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buffer += value.replace(/\r\n?/g, "\n");
+        let end;
+        while ((end = buffer.indexOf("\n\n")) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + 2);
+          const ev = parseEvent(block);
+          if (ev.id !== null) lastId = ev.id;
+          if (ev.retry !== null) retryMs = ev.retry;
+          if (ev.data !== null) onEvent(ev.type, ev.data);
+        }
+      }
+    } catch (e) {
+      // the network or the server went away: try again below
+    }
     live.textContent = "reconnecting…";
     live.classList.remove("on");
-  };
-  const onEvent = (ev) => {
-    let data = {};
-    try {
-      data = JSON.parse(ev.data);
-    } catch (e) {
-      return;
-    }
-    state.events.push({ kind: ev.type, job_id: data.job_id, data });
-    if (state.events.length > MAX_EVENTS) state.events.shift();
-    state.progress.delete(data.job_id);
-    if (state.route.name === "job" && state.route.id === data.job_id) renderJobEvents();
-    refreshSoon();
-  };
-  for (const kind of EVENT_KINDS) source.addEventListener(kind, onEvent);
+    await new Promise((resolve) => setTimeout(resolve, retryMs));
+  }
+}
+
+function parseEvent(block) {
+  const ev = { id: null, type: "message", data: null, retry: null };
+  for (const line of block.split("\n")) {
+    if (line === "" || line.startsWith(":")) continue;
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? "" : line.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (field === "id") ev.id = value;
+    else if (field === "event") ev.type = value;
+    else if (field === "data") ev.data = ev.data === null ? value : `${ev.data}\n${value}`;
+    else if (field === "retry" && /^\d+$/.test(value)) ev.retry = Number(value);
+  }
+  return ev;
+}
+
+function onEvent(kind, raw) {
+  if (!EVENT_KINDS.includes(kind)) return;
+  let data = {};
+  try {
+    data = JSON.parse(raw);
+  } catch (e) {
+    return;
+  }
+  state.events.push({ kind, job_id: data.job_id, data });
+  if (state.events.length > MAX_EVENTS) state.events.shift();
+  state.progress.delete(data.job_id);
+  if (state.route.name === "job" && state.route.id === data.job_id) renderJobEvents();
+  refreshSoon();
 }
 
 // ---------------------------------------------------------------- wiring
 
 function init() {
+  takeTokenFromUrl();
+  $("token-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const token = $("token-input").value.trim();
+    if (!token) return;
+    $("token-input").value = "";
+    $("token-form").hidden = true;
+    setToken(token);
+    clearError();
+    refresh();
+  });
   $("error-close").addEventListener("click", clearError);
   $("state-filter").addEventListener("change", (ev) => {
     state.filter = ev.target.value;

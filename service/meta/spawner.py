@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -10,9 +11,14 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 
+# tokens a worker must not hold: it gets its own worker token, or none
+OTHER_TOKENS = ("BACKFILL_ADMIN_TOKEN", "BACKFILL_READER_TOKEN", "BACKFILL_WORKER_TOKEN")
+
+
 class EmbeddedWorkerSpawner:
-    def __init__(self, base_url: Callable[[], str | None]) -> None:
+    def __init__(self, base_url: Callable[[], str | None], token: str | None = None) -> None:
         self._base_url = base_url
+        self._token = token
         self.proc: subprocess.Popen[bytes] | None = None
 
     def ensure(self) -> None:
@@ -33,7 +39,10 @@ class EmbeddedWorkerSpawner:
             "embedded",
         ]
         log.info("starting an embedded worker: %s", " ".join(cmd))
-        self.proc = subprocess.Popen(cmd)
+        env = {k: v for k, v in os.environ.items() if k.upper() not in OTHER_TOKENS}
+        if self._token is not None:
+            env["BACKFILL_WORKER_TOKEN"] = self._token
+        self.proc = subprocess.Popen(cmd, env=env)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

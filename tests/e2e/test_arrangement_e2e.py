@@ -13,6 +13,7 @@ from sqlalchemy import text
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import http_client
 from tests.kit.e2e import (
     Writer,
     assert_exact,
@@ -129,7 +130,7 @@ def test_a_job_created_before_any_worker_exists(db: Database, fresh_db_url: str)
     settings = Settings(
         database_url=fresh_db_url, barrier_interval_ms=50, spawn_embedded_worker=False
     )
-    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with live_server(settings, db) as url, http_client(url, timeout=60) as http:
         load(http, 5_000)
         writer = Writer(http, "orders", 5_000, seed=3)
         writer.thread.start()
@@ -159,7 +160,7 @@ def test_kill_9_of_the_worker_mid_backfill(db: Database, fresh_db_url: str) -> N
         spawn_embedded_worker=False,
     )
     backfill = str(Path(sys.executable).parent / "backfill")
-    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with live_server(settings, db) as url, http_client(url, timeout=60) as http:
         load(http, 20_000)
         writer = Writer(http, "orders", 20_000, seed=4)
         writer.thread.start()

@@ -16,6 +16,7 @@ from sqlalchemy import text
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import http_client
 from tests.kit.e2e import (
     Writer,
     assert_exact,
@@ -79,7 +80,7 @@ def test_a_killed_chain_restarts_from_an_empty_view(db: Database, fresh_db_url: 
         spawn_embedded_worker=False,
     )
     backfill = str(Path(sys.executable).parent / "backfill")
-    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=60) as http:
+    with live_server(settings, db) as url, http_client(url, timeout=60) as http:
         load(http, 20_000)
         writer = Writer(http, "orders", 20_000, seed=12)
         writer.thread.start()

@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real
 control plane and worker: it lists a running job, shows its progress growing, and its
-buttons and rate-limit input steer the job through the API."""
+buttons and rate-limit input steer the job through the API. Auth is on: the page asks
+for a token, and takes one from its address."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from sqlalchemy import text
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import TOKENS
 from tests.kit.e2e import create_job, load, running_cluster, wait_for
 
 pytestmark = pytest.mark.slow
@@ -89,10 +91,21 @@ def test_dashboard_shows_and_steers_a_running_job(
             route.abort()
 
     page.route("**/*", only_the_service)
+
+    # without a token the page asks for one; a reader's token shows the jobs
     page.goto(f"{base}/dashboard")
+    expect(page.locator("#token-form")).to_be_visible()
+    page.get_by_role("textbox", name="Token").fill(TOKENS["reader"])
+    page.get_by_role("button", name="Use token").click()
+    expect(page.locator("#token-form")).to_be_hidden()
+    row = page.locator(f'tr[data-job-id="{job_id}"]')
+    expect(row).to_contain_text("dash_orders")
+    # an admin's, given in the address, replaces it and leaves the address at once
+    page.goto(f"{base}/dashboard#token={TOKENS['admin']}")
+    address = lambda: page.evaluate("location.href")  # noqa: E731
+    wait_for(lambda: "token" not in address(), timeout=10, what="the token out of the address")
 
     # the list shows the running job, its progress bar grows
-    row = page.locator(f'tr[data-job-id="{job_id}"]')
     expect(row).to_contain_text("dash_orders")
     expect(row).to_contain_text("arrangement")
     expect(row).to_contain_text("creating")

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import http_client
 from tests.kit.e2e import (
     Writer,
     assert_exact,
@@ -148,7 +149,7 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
     url = server.__enter__()
     first = second = None
     try:
-        with httpx.Client(base_url=url, timeout=60) as http:
+        with http_client(url, timeout=60) as http:
             load(http, 20_000)
             writer = Writer(http, "orders", 20_000, seed=22)
             writer.thread.start()

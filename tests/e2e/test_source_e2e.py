@@ -23,6 +23,7 @@ from connectors.kafka import KafkaClient, KafkaSpec
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import http_client
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka
 from tests.kit.live import live_server
@@ -144,7 +145,7 @@ def test_source_backfill_at_scale_is_exact_through_rescale_and_kill(
             [backfill, "worker", "--control-plane", url, "--name", name], env=env
         )
 
-    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=180) as http:
+    with live_server(settings, db) as url, http_client(url, timeout=180) as http:
         create_source(http, kafka)
         # as many messages as the other tests' producer, in fewer batches: every reader
         # of the topic (verify too) pays one fetch per batch

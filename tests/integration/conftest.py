@@ -11,6 +11,7 @@ from service.api.app import create_app
 from service.db import Database
 from service.meta.loop import MetaLoop
 from service.settings import Settings
+from tests.kit.auth import api_client
 
 
 @pytest.fixture
@@ -18,5 +19,5 @@ def manual(db: Database, fresh_db_url: str) -> Iterator[tuple[TestClient, MetaLo
     """The API without its barrier loop, and that loop to drive by hand (``tick``)."""
     settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, worker_lease_ms=60_000)
     loop = MetaLoop(settings, db)
-    with TestClient(create_app(settings, db)) as client:
+    with api_client(create_app(settings, db)) as client:
         yield client, loop

@@ -57,10 +57,13 @@ def test_bad_setting_fails_start_up_naming_the_variable(tmp_path: Path) -> None:
     assert "BACKFILL_BARRIER_INTERVAL_MS" in r.stderr
 
 
-def _embedded_env() -> dict[str, str]:
-    return {
-        k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "BACKFILL_DATABASE_URL")
-    }
+def _embedded_env(tokens: bool = True) -> dict[str, str]:
+    """This environment without a database URL (and, with ``tokens=False``, without the
+    test tokens: as a user's first ``make demo``)."""
+    drop = {"DATABASE_URL", "BACKFILL_DATABASE_URL"}
+    if not tokens:
+        drop |= {f"BACKFILL_{role.upper()}_TOKEN" for role in ("admin", "reader", "worker")}
+    return {k: v for k, v in os.environ.items() if k not in drop}
 
 
 def test_db_commands_on_the_embedded_default(tmp_path: Path) -> None:
@@ -104,6 +107,11 @@ def test_serve_on_the_embedded_default_prints_its_url_and_answers(tmp_path: Path
 
 
 def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:
-    r = run("demo", "--data-dir", str(tmp_path / "data"), env=_embedded_env(), timeout=300)
+    """Auth on and no token given: the first start generates an admin token and shows it
+    once; the demo uses a token of its own, and the spawned worker one of its own."""
+    env = _embedded_env(tokens=False)
+    r = run("demo", "--data-dir", str(tmp_path / "data"), env=env, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "read back 19,950 rows" in r.stdout
+    assert "materialized view demo_big_orders is created and exact" in r.stdout
+    assert r.stderr.count("admin token: ") == 1

@@ -8,7 +8,8 @@ wrong-typed values, other methods) and a few generated ones, valid and not, and 
 that no answer is a 5xx and that every answer is documented: its status, its content
 type, its body's schema.
 
-Left out: the event streams and the workers' long poll (they wait by design). Requests
+Every request carries the admin token (it may do everything); the role matrix is
+``test_auth.py``'s. Left out: the event streams and the workers' long poll (they wait by design). Requests
 that would wait are made not to: `?wait=true` on DML and foreground job creates.
 """
 
@@ -19,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psycopg2
 import pytest
 import schemathesis
@@ -30,6 +30,7 @@ from service import migrate
 from service.db import Database
 from service.embedded_pg import to_libpq_url
 from service.settings import Settings
+from tests.kit.auth import auth_header, http_client
 from tests.kit.e2e import wait_for
 from tests.kit.kafka import MockKafka, mock_kafka
 from tests.kit.live import live_server
@@ -90,7 +91,7 @@ def base_url(contract_db: Database, broker: MockKafka) -> Iterator[str]:
         database_url=contract_db.url, spawn_embedded_worker=False, barrier_interval_ms=50
     )
     with live_server(settings, contract_db) as url:
-        with httpx.Client(base_url=url, timeout=30) as http:
+        with http_client(url, timeout=30) as http:
             assert http.post("/v1/tables", json=SEED).status_code == 201
             ops = [{"op": "insert", "row": {"id": i, "amount": str(i)}} for i in range(50)]
             r = http.post("/v1/tables/seed/dml", params={"wait": "true"}, json={"ops": ops})
@@ -131,7 +132,7 @@ def test_the_service_keeps_its_contract(case: Any, base_url: str, broker: MockKa
         if isinstance(kafka, dict) and isinstance(kafka.get("bootstrap_servers"), str):
             # the real broker: an address that does not answer costs a 5 s timeout
             kafka["bootstrap_servers"] = broker.bootstrap
-    case.call_and_validate(base_url=base_url)
+    case.call_and_validate(base_url=base_url, headers=auth_header("admin"))
 
 
 def _nothing_that_waits(case: Any) -> None:

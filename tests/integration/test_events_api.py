@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import httpx
 from fastapi.testclient import TestClient
 
 from service.db import Database
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_tables_api import ORDERS, create
+from tests.kit.auth import http_client
 from tests.kit.live import live_server
 
 
@@ -77,7 +77,7 @@ def test_a_jobs_life_is_recorded_in_order(client: TestClient) -> None:
 def test_reconnecting_with_last_event_id_gets_exactly_the_missed_events(
     db: Database, settings: Settings
 ) -> None:
-    with live_server(settings, db) as url, httpx.Client(base_url=url, timeout=30) as http:
+    with live_server(settings, db) as url, http_client(url, timeout=30) as http:
         create(http, ORDERS)  # type: ignore[arg-type]
         job = _job(http)
         http.post(f"/v1/jobs/{job}/pause")

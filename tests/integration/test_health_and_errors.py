@@ -6,6 +6,7 @@ from service.api.app import create_app
 from service.db import Database
 from service.errors import Conflict
 from service.settings import Settings
+from tests.kit.auth import api_client
 
 
 def assert_error(resp: Any, status: int, code: str) -> dict[str, Any]:
@@ -66,7 +67,7 @@ def test_service_errors_and_crashes_use_the_error_format(db: Database, settings:
     def _crash() -> None:
         raise RuntimeError("secret internals")
 
-    with TestClient(app, raise_server_exceptions=False) as c:
+    with api_client(app, raise_server_exceptions=False) as c:
         err = assert_error(c.get("/boom/conflict"), 409, "conflict")
         assert err["details"] == {"name": "x"}
         err = assert_error(c.get("/boom/crash"), 500, "internal")
@@ -85,7 +86,7 @@ def test_request_validation_is_422_and_bad_json_is_400(db: Database, settings: S
     def _echo(body: Body) -> Body:
         return body
 
-    with TestClient(app) as c:
+    with api_client(app) as c:
         err = assert_error(c.post("/echo", json={"n": "x"}), 422, "validation_error")
         assert err["details"][0]["loc"] == ["body", "n"]
         assert_error(

@@ -19,6 +19,7 @@ from service.db import Database
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_tables_api import ORDERS
+from tests.kit.auth import api_client
 from tests.kit.kafka import MockKafka
 
 JSON = {"content-type": "application/json"}
@@ -55,7 +56,7 @@ UNICODE = [
 @pytest.fixture
 def hostile(db: Database, settings: Settings) -> Iterator[TestClient]:
     """The API, answering crashes with its 500 (so a test sees them as responses)."""
-    with TestClient(create_app(settings, db), raise_server_exceptions=False) as c:
+    with api_client(create_app(settings, db), raise_server_exceptions=False) as c:
         yield c
 
 

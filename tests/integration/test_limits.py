@@ -13,6 +13,7 @@ from service.db import Database
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_tables_api import ORDERS, create
+from tests.kit.auth import api_client
 
 JOB = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "arrangement"}
 
@@ -25,7 +26,7 @@ def count(db: Database, sql: str) -> int:
 def test_request_body_size(db: Database, fresh_db_url: str) -> None:
     settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, max_body_bytes=4096)
     big = ORDERS | {"name": "big", "columns": [*ORDERS["columns"], {"name": "x" * 5000}]}
-    with TestClient(create_app(settings, db)) as c:
+    with api_client(create_app(settings, db)) as c:
         # refused from its Content-Length, before it is read or parsed
         err = assert_error(c.post("/v1/tables", json=big), 413, "payload_too_large")
         assert err["details"] == {"max_bytes": 4096}

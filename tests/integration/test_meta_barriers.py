@@ -18,6 +18,7 @@ from service.db import Database, raw_cursor
 from service.meta.loop import MetaLoop
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
+from tests.kit.auth import api_client
 from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch, make_job
 
 
@@ -99,7 +100,7 @@ def test_non_checkpoint_barriers_commit_with_the_next_checkpoint(
 ) -> None:
     settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, checkpoint_frequency=3)
     loop = MetaLoop(settings, db)
-    with TestClient(create_app(settings, db)) as client:
+    with api_client(create_app(settings, db)) as client:
         w = FakeWorker(client).register()
         make_job(db, "j", parallelism=2)
         for _ in range(4):

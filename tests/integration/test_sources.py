@@ -18,6 +18,7 @@ from service.meta.loop import MetaLoop
 from service.meta.sources import SourceWatcher
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
+from tests.kit.auth import api_client
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka
 from tests.kit.meta import FakeWorker
 
@@ -142,7 +143,7 @@ def test_the_shared_source_advances_per_epoch_and_hands_out_new_partitions(
     loop = MetaLoop(settings, db, watcher=watcher)
     from service.api.app import create_app
 
-    with TestClient(create_app(settings, db)) as client:
+    with api_client(create_app(settings, db)) as client:
         worker = FakeWorker(client).register()
         r = client.post("/v1/sources", json=spec(kafka, rate_limit=20_000))
         assert r.status_code == 201, r.text

@@ -11,6 +11,7 @@ from service.db import Database
 from service.meta.loop import MetaLoop
 from service.settings import Settings
 from spark_workers.client import ControlPlaneClient, RetryPolicy, WorkerGone
+from tests.kit.auth import TOKENS
 from tests.kit.live import live_server
 from tests.kit.meta import committed_epoch, make_job
 
@@ -54,7 +55,9 @@ def test_a_retried_collect_is_applied_once(db: Database, fresh_db_url: str) -> N
     loop = MetaLoop(settings, db)
     with live_server(settings, db) as url:
         lossy = LosesFirstResponse("/collect")
-        client = ControlPlaneClient(url, retry=FAST, rng=random.Random(1), transport=lossy)
+        client = ControlPlaneClient(
+            url, token=TOKENS["worker"], retry=FAST, rng=random.Random(1), transport=lossy
+        )
         client.register("w", 4)
         make_job(db, "j", parallelism=1)
         loop.tick()
@@ -74,7 +77,9 @@ def test_503_is_retried_and_a_dead_worker_is_told_to_register_again(
 ) -> None:
     settings = Settings(database_url=fresh_db_url, run_barrier_loop=False)
     with live_server(settings, db) as url:
-        client = ControlPlaneClient(url, retry=FAST, transport=Unavailable(times=2))
+        client = ControlPlaneClient(
+            url, token=TOKENS["worker"], retry=FAST, transport=Unavailable(times=2)
+        )
         client.register("w", 4)
         client.heartbeat()
         with db.engine.begin() as conn:
@@ -90,7 +95,7 @@ def test_503_is_retried_and_a_dead_worker_is_told_to_register_again(
 def test_long_poll_returns_when_a_barrier_arrives(db: Database, fresh_db_url: str) -> None:
     settings = Settings(database_url=fresh_db_url, barrier_interval_ms=50)
     with live_server(settings, db) as url:
-        client = ControlPlaneClient(url, retry=FAST)
+        client = ControlPlaneClient(url, token=TOKENS["worker"], retry=FAST)
         client.register("w", 4)
         make_job(db, "j", parallelism=2)
         seen = 0

@@ -14,6 +14,7 @@ import httpx
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from tests.kit.auth import http_client
 from tests.kit.live import live_server
 
 
@@ -130,7 +131,7 @@ def running_cluster(
         worker = Worker(base, name, settings=worker_settings)
         t = threading.Thread(target=worker.run, daemon=True)
         t.start()
-        with httpx.Client(base_url=base, timeout=60) as http:
+        with http_client(base, timeout=60) as http:
             yield http, worker
         worker.stop_event.set()
         t.join(timeout=30)

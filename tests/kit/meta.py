@@ -13,6 +13,9 @@ from service.catalog import tables
 from service.catalog.models import Actor, Barrier, Graph, Job
 from service.db import Database
 from service.meta.scheduler import place_job_actors
+from tests.kit.auth import auth_header
+
+WORKER = auth_header("worker")  # a fake worker speaks with the worker token
 
 SCHEMA = TableSchema.build(
     [Column("id", ColumnType.BIGINT), Column("v", ColumnType.TEXT)], ["id"], vnode_count=16
@@ -54,14 +57,17 @@ class FakeWorker:
     collected: list[tuple[int, int]] = field(default_factory=list)  # (actor, curr)
 
     def register(self) -> FakeWorker:
-        r = self.client.post("/v1/workers", json={"name": self.name, "capacity": self.capacity})
+        body = {"name": self.name, "capacity": self.capacity}
+        r = self.client.post("/v1/workers", json=body, headers=WORKER)
         assert r.status_code == 201, r.text
         self.worker_id = r.json()["worker_id"]
         return self
 
     def poll(self, timeout_ms: int = 0) -> list[dict[str, Any]]:
         r = self.client.get(
-            f"/v1/workers/{self.worker_id}/barriers", params={"timeout_ms": timeout_ms}
+            f"/v1/workers/{self.worker_id}/barriers",
+            params={"timeout_ms": timeout_ms},
+            headers=WORKER,
         )
         assert r.status_code == 200, r.text
         assignments: list[dict[str, Any]] = r.json()["assignments"]
@@ -73,7 +79,7 @@ class FakeWorker:
             "prev_epoch": barrier["prev"],
             "curr_epoch": barrier["curr"],
         } | extra
-        return self.client.post(f"/v1/workers/{self.worker_id}/collect", json=body)
+        return self.client.post(f"/v1/workers/{self.worker_id}/collect", json=body, headers=WORKER)
 
     def collect_all(self, *, skip_actor: int | None = None, finished: bool = False) -> int:
         """Collect every ready barrier of every actor (in order); returns how many."""
@@ -89,7 +95,8 @@ class FakeWorker:
         return n
 
     def heartbeat(self) -> int:
-        return self.client.post(f"/v1/workers/{self.worker_id}/heartbeat").status_code
+        url = f"/v1/workers/{self.worker_id}/heartbeat"
+        return self.client.post(url, headers=WORKER).status_code
 
 
 def _progress(assignment: dict[str, Any], barrier: dict[str, Any]) -> dict[str, Any]:

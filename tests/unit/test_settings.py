@@ -59,3 +59,50 @@ def test_every_bad_variable_is_reported_at_once(monkeypatch: pytest.MonkeyPatch)
 def test_empty_database_url_means_embedded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DATABASE_URL", "")
     assert load_settings().embedded
+
+
+def test_auth_is_on_by_default_and_tokens_stay_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("BACKFILL_AUTH", "BACKFILL_OPEN_PATHS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("BACKFILL_ADMIN_TOKEN", "a-long-enough-admin-token")
+    monkeypatch.setenv("BACKFILL_READER_TOKEN", "")  # empty: not given
+    s = load_settings()
+    assert s.auth and s.open_paths == ("/healthz", "/readyz", "/metrics")
+    assert s.admin_token is not None and s.reader_token is None
+    assert "a-long-enough-admin-token" not in repr(s)
+
+
+def test_open_paths_are_a_comma_separated_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BACKFILL_OPEN_PATHS", "/healthz, /metrics")
+    assert load_settings().open_paths == ("/healthz", "/metrics")
+    monkeypatch.setenv("BACKFILL_OPEN_PATHS", "")
+    assert load_settings().open_paths == ()
+    monkeypatch.setenv("BACKFILL_OPEN_PATHS", "healthz")
+    with pytest.raises(SettingsError, match="BACKFILL_OPEN_PATHS"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"BACKFILL_WORKER_TOKEN": "short-secret"}, "BACKFILL_WORKER_TOKEN: "),
+        (
+            {
+                "BACKFILL_ADMIN_TOKEN": "same-token-for-two",
+                "BACKFILL_READER_TOKEN": "same-token-for-two",
+            },
+            "must differ",
+        ),
+    ],
+)
+def test_bad_tokens_are_refused_without_showing_them(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for var in ("BACKFILL_ADMIN_TOKEN", "BACKFILL_READER_TOKEN", "BACKFILL_WORKER_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    assert message in str(e.value)
+    assert not any(v in str(e.value) for v in env.values())
