@@ -78,7 +78,6 @@ class Worker:
                 log.warning("heartbeat failed: %s", e)
 
     def run(self) -> int:
-        self.must_register = True
         threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         while not self.stop_event.is_set():
             if self.must_register and not self._try_register():

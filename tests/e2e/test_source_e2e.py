@@ -11,7 +11,6 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from service.settings import Settings
 from spark_workers.runtime import Worker
 from tests.kit.auth import http_client
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
-from tests.kit.kafka import MOCK_PARTITIONS, MockKafka
+from tests.kit.kafka import MOCK_PARTITIONS, MockKafka, Producer
 from tests.kit.live import live_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
@@ -37,31 +36,6 @@ def doc(i: int) -> Any:
     if i % 997 == 0:
         return b"not json"  # still one row (of NULLs) for its offset
     return {"id": i, "amount": i % 100, "note": f"n{i}"}
-
-
-class Producer:
-    """Appends batches to random partitions until stopped. Each batch goes to one
-    partition: the mock broker returns one stored batch per fetch, so a topic of many
-    one-message batches would be read unrealistically slowly."""
-
-    def __init__(
-        self, kafka: MockKafka, start: int, seed: int, every_s: float = 0.05, most: int = 60
-    ) -> None:
-        self.kafka, self.every_s, self.most = kafka, every_s, most
-        self.next = start
-        self.rng = random.Random(seed)
-        self.stop = threading.Event()
-        self.batches = 0
-        self.thread = threading.Thread(target=self.run, daemon=True)
-
-    def run(self) -> None:
-        while not self.stop.wait(self.every_s):
-            n, partition = self.rng.randint(1, self.most), self.rng.randrange(MOCK_PARTITIONS)
-            self.kafka.produce(
-                TOPIC, [(partition, doc(i)) for i in range(self.next, self.next + n)]
-            )
-            self.next += n
-            self.batches += 1
 
 
 def create_source(http: httpx.Client, kafka: MockKafka, **extra: Any) -> None:
@@ -149,7 +123,7 @@ def test_source_backfill_at_scale_is_exact_through_rescale_and_kill(
         create_source(http, kafka)
         # as many messages as the other tests' producer, in fewer batches: every reader
         # of the topic (verify too) pays one fetch per batch
-        producer = Producer(kafka, INITIAL, seed=4, every_s=0.2, most=240)
+        producer = Producer(kafka, TOPIC, doc, INITIAL, seed=4, every_s=0.2, most=240)
         producer.thread.start()
         first, second = worker("victim"), None
         try:

@@ -20,25 +20,11 @@ from service.settings import Settings
 from spark_workers.kafka_datasource import backfill_stop, range_summary
 from spark_workers.runtime import Worker
 from spark_workers.spark_path import SparkPath
-from tests.e2e.test_source_e2e import Producer, caught_up, create_job, create_source, doc
+from tests.e2e.test_source_e2e import TOPIC, caught_up, create_job, create_source, doc
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
-from tests.kit.kafka import MOCK_PARTITIONS, MockKafka
+from tests.kit.kafka import MOCK_PARTITIONS, MockKafka, Producer
 
 INITIAL = 60_000
-
-
-class SlowProducer(Producer):
-    """The source e2e test's producer at a quarter of its pace: ``verify`` reads the
-    whole topic, and the mock broker serves one stored batch per fetch."""
-
-    def run(self) -> None:
-        while not self.stop.wait(0.2):
-            n, partition = self.rng.randint(1, 60), self.rng.randrange(MOCK_PARTITIONS)
-            self.kafka.produce(
-                "events", [(partition, doc(i)) for i in range(self.next, self.next + n)]
-            )
-            self.next += n
-            self.batches += 1
 
 
 def _backfilling(offset: int | None, target: int | None) -> SourceBackfill:
@@ -129,7 +115,9 @@ def test_source_backfill_through_spark_is_exact(
     # produced before the source exists: all of it is backfill
     kafka.produce("events", [(i % MOCK_PARTITIONS, doc(i)) for i in range(INITIAL)])
     create_source(http, kafka)
-    producer = SlowProducer(kafka, INITIAL, seed=21)
+    # a quarter of the other tests' pace: ``verify`` reads the whole topic, and the mock
+    # broker serves one stored batch per fetch
+    producer = Producer(kafka, TOPIC, doc, INITIAL, seed=21, every_s=0.2)
     producer.thread.start()
     began = time.monotonic()
     try:

@@ -39,7 +39,8 @@ from sqlalchemy.engine import make_url
 
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url
 from tests.kit.chaos_plan import Fault, Scenario, draw
-from tests.kit.kafka import MOCK_PARTITIONS, MockKafka, mock_kafka
+from tests.kit.e2e import wait_for
+from tests.kit.kafka import MOCK_PARTITIONS, MockKafka, Producer, mock_kafka
 
 TABLE, SOURCE = "chaos_up", "chaos_source"
 ADMIN_TOKEN, WORKER_TOKEN = "chaos-admin-token", "chaos-worker-token"
@@ -57,17 +58,6 @@ class Outcome:
 
 class ChaosFailure(AssertionError):
     outcome: Outcome | None = None  # what the run did before it failed
-
-
-def wait_until(cond: Callable[[], Any], what: str, timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise ChaosFailure(f"{what}: not reached within {timeout:.0f} s")
-        time.sleep(0.05)
 
 
 class Processes:
@@ -112,7 +102,7 @@ class Processes:
             except httpx.HTTPError:
                 return False
 
-        wait_until(ready, "control plane ready", timeout=60)
+        wait_for(ready, timeout=60, what="control plane ready")
 
     def kill_control_plane(self) -> None:
         assert self.control_plane is not None
@@ -254,33 +244,8 @@ class Writer:
             self.running.set()
 
 
-class Producer:
-    """Appends JSON messages (and an occasional undecodable one) to the topic."""
-
-    def __init__(self, kafka: MockKafka, topic: str, seed: int) -> None:
-        self.kafka, self.topic, self.rng, self.next = kafka, topic, random.Random(seed * 31 + 7), 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def load(self, n: int) -> None:
-        for lo in range(0, n, 500):
-            part = self.rng.randrange(MOCK_PARTITIONS)  # one batch per partition: see kit
-            self.kafka.produce(
-                self.topic, [(part, self.doc(i)) for i in range(lo, min(n, lo + 500))]
-            )
-        self.next = max(self.next, n)
-
-    def doc(self, i: int) -> Any:
-        return b"\xff not json" if i % 401 == 0 else {"id": i, "amount": i % 1000, "note": f"m{i}"}
-
-    def _run(self) -> None:
-        while not self.stop.wait(0.05):
-            n = self.rng.randint(1, 40)
-            part = self.rng.randrange(MOCK_PARTITIONS)
-            self.kafka.produce(
-                self.topic, [(part, self.doc(i)) for i in range(self.next, self.next + n)]
-            )
-            self.next += n
+def _doc(i: int) -> Any:
+    return b"\xff not json" if i % 401 == 0 else {"id": i, "amount": i % 1000, "note": f"m{i}"}
 
 
 class Run:
@@ -330,7 +295,7 @@ class Run:
                 start.append(c)
             return (c >> 16) - (start[0] >> 16) >= span
 
-        wait_until(advanced, f"{n} barrier intervals committed by the main graph")
+        wait_for(advanced, DEADLINE_S, what=f"{n} barrier intervals committed by the main graph")
 
     def api(self, http: httpx.Client, method: str, path: str, **kw: Any) -> Any:
         r = http.request(method, path, **kw)
@@ -357,7 +322,9 @@ class Run:
             seen.add(int(v["epoch"]))
             return len(seen) >= epochs
 
-        wait_until(equal_at_more_epochs, f"job {job} exact at {epochs} committed epochs")
+        wait_for(
+            equal_at_more_epochs, DEADLINE_S, what=f"job {job} exact at {epochs} committed epochs"
+        )
 
     # --- the run ------------------------------------------------------------------
     def setup(self, http: httpx.Client, writer: Writer) -> Producer | None:
@@ -375,8 +342,8 @@ class Run:
             return None
         assert self.kafka is not None, "the scenario needs Kafka"
         topic = f"chaos_{self.s.seed}_{uuid.uuid4().hex[:8]}"  # the mock cannot delete topics
-        producer = Producer(self.kafka, topic, self.s.seed)
-        producer.load(w.messages)
+        producer = Producer(self.kafka, topic, _doc, w.messages, self.s.seed, most=40)
+        self.kafka.load(topic, [(i % MOCK_PARTITIONS, _doc(i)) for i in range(w.messages)])
         source = {
             "name": SOURCE,
             "kafka": {"bootstrap_servers": self.kafka.bootstrap, "topic": topic},
@@ -445,11 +412,12 @@ class Run:
                     self.api(http, "POST", f"/v1/jobs/{job}/resume")
                     self.api(http, "PATCH", f"/v1/jobs/{job}", json={"rate_limit": None})
                 for job in self.jobs:
-                    wait_until(
+                    wait_for(
                         lambda job=job: (
                             self.api(http, "GET", f"/v1/jobs/{job}")["state"] == "created"
                         ),
-                        f"job {job} created",
+                        DEADLINE_S,
+                        what=f"job {job} created",
                     )
                     self.check_progress(http)
                 for job in self.jobs:

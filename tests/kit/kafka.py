@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+import random
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -99,6 +101,39 @@ class MockKafka:
         for p in (self.producer, self._bulk, self._transactional):
             if p is not None:
                 p.flush(5)
+
+
+class Producer:
+    """Appends batches of ``doc(i)`` (i counting up from ``start``) to random partitions
+    every ``every_s`` until stopped. Each batch goes to one partition: the mock broker
+    returns one stored batch per fetch, so a topic of many one-message batches would be
+    read unrealistically slowly."""
+
+    def __init__(
+        self,
+        kafka: MockKafka,
+        topic: str,
+        doc: Callable[[int], Any],
+        start: int,
+        seed: int,
+        every_s: float = 0.05,
+        most: int = 60,
+    ) -> None:
+        self.kafka, self.topic, self.doc = kafka, topic, doc
+        self.every_s, self.most = every_s, most
+        self.next = start
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.batches = 0
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every_s):
+            n, partition = self.rng.randint(1, self.most), self.rng.randrange(MOCK_PARTITIONS)
+            docs = [(partition, self.doc(i)) for i in range(self.next, self.next + n)]
+            self.kafka.produce(self.topic, docs)
+            self.next += n
+            self.batches += 1
 
 
 @contextmanager
