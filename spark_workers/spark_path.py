@@ -137,18 +137,9 @@ class SparkPath:
             parts[i * n_parts // len(reads)].append(
                 [i, int(read.split), read.start, high, read.limit, read.target]
             )
-        plan = {
-            "dsn": self.dsn,
+        plan = self._plan(first, parts) | {
             "kafka": first.spec.to_json(),
             "upstream_schema": first.schema.to_json(),
-            "mv_table": first.mv.name,
-            "mv_schema": first.mv.schema.to_json(),
-            "columns": first.job_columns,
-            "filter": first.job_filter,
-            "graph_id": first.graph_id,
-            "recovery_seq": first.recovery_seq,
-            "write_epoch": first.executor.open_epoch,
-            "partitions": parts,
         }
         got = {
             row["read"]: row
@@ -171,6 +162,21 @@ class SparkPath:
             )
             total += s["rows_read"]
         return total
+
+    def _plan(self, first: ActorRunner | SourceRunner, parts: list[list[Any]]) -> dict[str, Any]:
+        """What every Spark job's plan holds: where and how to write the view (the rows'
+        job is ``first``'s; one Spark job serves one job's actors at one open epoch)."""
+        return {
+            "dsn": self.dsn,
+            "mv_table": first.mv.name,
+            "mv_schema": first.mv.schema.to_json(),
+            "columns": first.job_columns,
+            "filter": first.job_filter,
+            "graph_id": first.graph_id,
+            "recovery_seq": first.recovery_seq,
+            "write_epoch": first.executor.open_epoch,
+            "partitions": parts,
+        }
 
     def _active_session(self, reads: int) -> tuple[Any, int]:
         """The session, active in this thread, and how many Spark partitions ``reads`` get."""
@@ -199,19 +205,10 @@ class SparkPath:
                 else [value_to_json(t, x) for t, x in zip(r.pk_types, read.after, strict=True)]
             )
             parts[i * n_parts // len(reads)].append([read.vnode, after, read.limit])
-        plan = {
-            "dsn": self.dsn,
+        plan = self._plan(first, parts) | {
             "upstream_table": first.upstream.name,
             "upstream_schema": first.upstream.schema.to_json(),
-            "mv_table": first.mv.name,
-            "mv_schema": first.mv.schema.to_json(),
-            "columns": first.job_columns,
-            "filter": first.job_filter,
-            "graph_id": first.graph_id,
-            "recovery_seq": first.recovery_seq,
             "read_epoch": first.executor.snapshot_epoch,
-            "write_epoch": first.executor.open_epoch,
-            "partitions": parts,
         }
         fd, summary_path = tempfile.mkstemp(prefix="backfill-summary-", suffix=".json")
         os.close(fd)

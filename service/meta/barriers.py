@@ -22,6 +22,9 @@ from service.meta.epochs import next_epoch
 from service.meta.sources import Marks
 
 COMMIT_KINDS = ("checkpoint", "initial")
+# how long the main graph keeps from committing the epoch a snapshot backfill is about
+# to join it at (see ``service.meta.creating``): about one barrier round trip of the job
+MERGE_HOLD_MS = 5_000
 
 
 def lock_graph(session: Session, graph_id: int) -> Graph:
@@ -228,6 +231,34 @@ _MARK_COMMITTED = text(
 )
 
 
+# The lowest epoch a creating graph's last barrier opened (a main epoch not committed
+# yet) within the hold: the main graph commits nothing at or after it meanwhile.
+_MERGE_CEILING = text(
+    """
+    SELECT min(g.current_epoch) FROM graphs g
+    WHERE g.kind = 'creating' AND g.state = 'running' AND g.current_epoch > :committed
+      AND EXISTS (SELECT 1 FROM barriers b
+                  WHERE b.graph_id = g.id AND b.curr_epoch = g.current_epoch
+                    AND b.injected_at > clock_timestamp() - make_interval(secs => :hold_s))
+    """
+)
+
+
+def _merge_ceiling(session: Session, graph: Graph) -> int | None:
+    if graph.kind != "main":
+        return None
+    params = {"committed": graph.committed_epoch, "hold_s": MERGE_HOLD_MS / 1000}
+    ceiling = session.execute(_MERGE_CEILING, params).scalar_one_or_none()
+    return None if ceiling is None else int(ceiling)
+
+
+def settle(session: Session, graph_id: int) -> None:
+    """Commit what is complete in a running graph (e.g. after a merge hold ends)."""
+    graph = lock_graph(session, graph_id)
+    if graph.state == "running":
+        try_complete(session, graph)
+
+
 def try_complete(session: Session, graph: Graph) -> int | None:
     """Complete barriers in order and commit at the last complete checkpoint.
 
@@ -238,11 +269,14 @@ def try_complete(session: Session, graph: Graph) -> int | None:
     complete = 0
     commit_at = None
     clock = None
+    ceiling: int | None = None
     for i, (curr, prev, kind, _state, upstream, required, collected) in enumerate(pending):
         if collected < required:
             break
         complete = i + 1
-        if kind in COMMIT_KINDS:
+        if kind in COMMIT_KINDS and commit_at is None:
+            ceiling = _merge_ceiling(session, graph)
+        if kind in COMMIT_KINDS and (ceiling is None or prev < ceiling):
             commit_at = (curr, prev)
             # rows/s is measured in upstream time: a creating graph's epochs are fake
             clock = upstream if upstream is not None else prev

@@ -4,12 +4,16 @@ decoupled from the upstream, and its merge into the main graph.
 Phase 1 runs on *fake* epochs ``k << 16`` (far below any real epoch) while the actors
 read the snapshot at ``snapshot_epoch``. Once the committed progress shows every vnode
 consumed, the barrier ``{last fake, snapshot_epoch}`` ends it. Phase 2 then steps
-through the upstream's closed and committed epochs, one per barrier, each barrier a
-checkpoint (so the MV is exact at every epoch the creating graph commits), as many per
-tick as the pending-barrier limit allows: the job catches up. The barrier that opens the
-upstream's *open* epoch is the last one; when it is committed and the upstream still
-has that epoch open, the main graph's next barrier carries the actors on (they keep
-their state), and the job is created.
+through the upstream's committed epochs, one per barrier, each barrier a checkpoint (so
+the MV is exact at every epoch the creating graph commits), as many per tick as the
+pending-barrier limit allows: the job catches up. Its last barrier closes the upstream's
+committed epoch ``C`` and opens ``X``, the upstream epoch after it (still open, or closed
+by a main barrier in flight). Once that barrier is committed, and the upstream has not
+committed ``X`` yet, the actors move into the main graph (keeping their state) and
+collect every main barrier from the one closing ``X`` on, so each upstream epoch's
+changes reach the MV at that same epoch, and the job is created. The main graph
+commits nothing at or after ``X`` while a job is about to join there (for at most
+``barriers.MERGE_HOLD_MS``); otherwise a job could chase the upstream forever.
 
 Every barrier records the upstream's committed epoch (``upstream_epoch``): the executor's
 clock in phase 1 and its lag in phase 2.
@@ -74,8 +78,19 @@ def next_epoch_of(s: Session, job: Job, prev: int, main: Graph) -> int | None:
     if replay is not None:
         return int(replay)
     if prev == main.committed_epoch and main.current_epoch > prev:
-        return main.current_epoch  # caught up: the last barrier of the creating graph
+        return _main_epoch_after(s, prev)  # caught up: the last barrier
     return None
+
+
+def _main_epoch_after(s: Session, epoch: int) -> int | None:
+    """The epoch the main graph's barrier closing ``epoch`` opened (None: no such
+    barrier, e.g. ``epoch`` is still open or a recovery discarded it)."""
+    after = s.execute(
+        select(func.min(Barrier.curr_epoch)).where(
+            Barrier.graph_id == MAIN_GRAPH_ID, Barrier.prev_epoch == epoch
+        )
+    ).scalar_one()
+    return None if after is None else int(after)
 
 
 def _main(s: Session) -> Graph:
@@ -130,7 +145,7 @@ def inject(
         out.append(barrier)
         if curr == job.snapshot_epoch:
             events.record(s, "phase_changed", job.id, phase="log_store", epoch=curr)
-        if prev < job.snapshot_epoch or curr == main.current_epoch:
+        if prev < job.snapshot_epoch or curr > main.committed_epoch:
             break  # phase 1 goes at the barrier interval; the last barrier waits
     if out:
         try_complete(s, graph)
@@ -138,11 +153,12 @@ def inject(
 
 
 def merge_caught_up(s: Session) -> list[int]:
-    """Merge every creating graph that caught up into the main graph, before the main
-    graph's next barrier (which the merged actors collect first). Returns merged job ids.
+    """Merge every creating graph that caught up into the main graph. Returns the
+    merged job ids.
 
-    Caught up: the creating graph committed everything, and its open epoch is the main
-    graph's open epoch, so its actors already replayed every epoch before it.
+    Caught up: the creating graph committed everything, and its open epoch ``X`` is a
+    main epoch the main graph has not committed yet (open, or closed by a barrier in
+    flight). Its actors then collect every main barrier from the one closing ``X`` on.
     """
     main = lock_graph(s, MAIN_GRAPH_ID)
     if main.state != "running":
@@ -153,7 +169,7 @@ def merge_caught_up(s: Session) -> list[int]:
             .where(
                 Graph.kind == "creating",
                 Graph.state == "running",
-                Graph.current_epoch == main.current_epoch,
+                Graph.current_epoch > main.committed_epoch,
             )
             .with_for_update(skip_locked=True)
         ).scalars()
@@ -165,14 +181,17 @@ def merge_caught_up(s: Session) -> list[int]:
         ).scalar_one()
         if uncommitted or graph.committed_epoch < job_snapshot_epoch(s, graph):
             continue
+        joins_at = _main_epoch_after(s, graph.current_epoch)
+        if joins_at is None:
+            if graph.current_epoch != main.current_epoch:
+                continue  # an epoch a main recovery discarded: replay on instead
+            joins_at = main.current_epoch + 1  # whatever the next main barrier opens
         job = s.get(Job, graph.job_id)
         assert job is not None
-        # the main graph's next barrier opens an epoch above its open one: the actors
-        # collect that barrier first, keeping the executors they have
         s.execute(
             update(Actor)
             .where(Actor.graph_id == graph.id, Actor.last_epoch.is_(None))
-            .values(graph_id=MAIN_GRAPH_ID, first_epoch=main.current_epoch + 1)
+            .values(graph_id=MAIN_GRAPH_ID, first_epoch=joins_at)
         )
         s.execute(
             update(Relation).where(Relation.id == job.mv_relation_id).values(graph_id=MAIN_GRAPH_ID)
@@ -187,28 +206,6 @@ def merge_caught_up(s: Session) -> list[int]:
         merged.append(job.id)
     s.flush()
     return merged
-
-
-def holds_main(s: Session, now_ms: int, hold_ms: int) -> bool:
-    """Whether the main graph waits before its next barrier: a creating graph sent its
-    last barrier (opening the main graph's open epoch) less than ``hold_ms`` ago and has
-    not committed it yet. Without the wait a busy job could chase the upstream forever;
-    with it the upstream pauses for about one barrier round trip of the job, once."""
-    main = s.get(Graph, MAIN_GRAPH_ID)
-    if main is None or main.state != "running":
-        return False
-    last = s.execute(
-        select(func.max(Barrier.injected_at))
-        .join(Graph, Graph.id == Barrier.graph_id)
-        .where(
-            Graph.kind == "creating",
-            Graph.state == "running",
-            Graph.current_epoch == main.current_epoch,
-            Barrier.curr_epoch == main.current_epoch,
-            Barrier.state != "committed",
-        )
-    ).scalar_one_or_none()
-    return last is not None and now_ms - int(last.timestamp() * 1000) < hold_ms
 
 
 # the newest report of every actor of a creating graph that is replaying the log store

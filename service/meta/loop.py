@@ -26,8 +26,6 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
-# how long the main graph waits for a snapshot backfill's last barrier before going on
-MERGE_HOLD_MS = 5_000
 
 
 class MetaLoop:
@@ -127,7 +125,8 @@ class MetaLoop:
                 else:
                     for job_id in creating.merge_caught_up(s):
                         log.info("job %s caught up with its upstream: merged", job_id)
-                    if creating.holds_main(s, now, MERGE_HOLD_MS) or creating.lag_capped(s):
+                    barriers.settle(s, graph_id)  # collects alone may not end a merge hold
+                    if creating.lag_capped(s):
                         continue
                     barriers.inject(
                         s,

@@ -204,7 +204,7 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
                     break
             ready.append(b)
         restore = None
-        if ready and (ready[0]["kind"] == "initial" or ready[0]["curr"] == actor.first_epoch):
+        if ready and (ready[0]["kind"] == "initial" or _added_by(ready[0], actor)):
             restore = _restore(s, actor)
         if job.upstream_source_id is not None:
             for b in ready:
@@ -223,6 +223,13 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
             )
         )
     return out
+
+
+def _added_by(barrier: dict[str, Any], actor: Actor) -> bool:
+    """Whether ``barrier`` starts ``actor`` (a rescale adds it). An actor of a snapshot
+    backfill merged into the main graph also starts at a barrier, but keeps its state."""
+    adds = (barrier["mutation"] or {}).get("add") or []
+    return barrier["curr"] == actor.first_epoch and actor.id in adds
 
 
 def _source_ranges(

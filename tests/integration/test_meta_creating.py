@@ -6,14 +6,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from service.catalog.models import EpochPin, Graph
 from service.db import Database
+from service.meta import barriers
 from service.meta.creating import fake_epoch_after
 from service.meta.loop import MetaLoop
-from tests.kit.meta import FakeWorker, barriers_of, committed_epoch
+from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch
 
 TABLE = {
     "name": "orders",
@@ -23,10 +25,13 @@ TABLE = {
 }
 
 
-def collect(w: FakeWorker, state: str) -> list[dict[str, Any]]:
-    """Collect every ready barrier, every vnode reported in ``state``; returns them."""
+def collect(w: FakeWorker, state: str, only: set[int] | None = None) -> list[dict[str, Any]]:
+    """Collect every ready barrier (of the actors in ``only``, if given), every vnode
+    reported in ``state``; returns them."""
     seen = []
     for a in w.poll():
+        if only is not None and a["actor_id"] not in only:
+            continue
         vnodes = [v for lo, hi in a["vnodes"] for v in range(lo, hi)]
         for b in a["barriers"]:
             progress = {
@@ -48,6 +53,10 @@ def graph_of_job(db: Database, job: int) -> Graph | None:
 
 def main_closed_epochs(db: Database) -> list[int]:
     return [b.prev_epoch for b in barriers_of(db, 1) if b.prev_epoch > 0]
+
+
+def main_committed_epochs(db: Database) -> list[int]:
+    return [b.prev_epoch for b in barriers_of(db, 1) if b.prev_epoch > 0 and b.state == "committed"]
 
 
 def test_a_snapshot_backfill_runs_apart_then_merges(
@@ -89,14 +98,16 @@ def test_a_snapshot_backfill_runs_apart_then_merges(
     loop.tick()
     replay = collect(w, "consumed")
     chain = sorted({(b["prev"], b["curr"]) for b in replay})
-    closed = [e for e in main_closed_epochs(db) if e > snapshot_epoch]
+    replayed = [e for e in main_committed_epochs(db) if e > snapshot_epoch]
     assert chain[0][0] == snapshot_epoch
-    assert [c for _, c in chain][:-1] == closed  # every closed upstream epoch, in order
+    assert [c for _, c in chain][:-1] == replayed  # every committed upstream epoch, in order
     assert all(p == c for (_, c), (p, _) in zip(chain, chain[1:], strict=False))
+    main_after = {b.prev_epoch: b.curr_epoch for b in barriers_of(db, 1)}
     with db.transaction() as s:
         main = s.get(Graph, 1)
         assert main is not None
-        assert chain[-1] == (closed[-1], main.current_epoch)  # the last barrier: caught up
+        # the last barrier: caught up, it opens the main epoch after the committed one
+        assert chain[-1] == (main.committed_epoch, main_after[main.committed_epoch])
         assert all(b["kind"] == "checkpoint" for b in replay)
         assert s.execute(select(EpochPin).where(EpochPin.holder == f"job:{job['id']}")).first()
 
@@ -222,3 +233,106 @@ def test_a_lagging_log_store_replay_holds_the_upstream_back(
     )
     loop.tick()
     assert graph_current(db, 1) > held
+
+
+def _busy_main_and_a_snapshot_job(
+    client: TestClient, loop: MetaLoop, db: Database, w: FakeWorker
+) -> tuple[int, int, int]:
+    """An arrangement job keeps the main graph's barriers waiting for its actor; a
+    snapshot job replays the log store. Returns (job id, busy actor, snapshot actor)
+    once the snapshot job sent its last barrier, the main graph still busy."""
+    assert client.post("/v1/tables", json=TABLE).status_code == 201
+    for _ in range(3):
+        loop.tick()
+    busy = {"name": "busy", "upstream": {"table": "orders"}, "backfill": "arrangement"}
+    r = client.post("/v1/jobs", json=busy | {"parallelism": 1})
+    assert r.status_code == 202, r.text
+    busy_job = r.json()["id"]
+    snap = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
+    r = client.post("/v1/jobs", json=snap | {"parallelism": 1})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    (busy_actor,) = [a.id for a in actors_of(db, busy_job)]
+    (snap_actor,) = [a.id for a in actors_of(db, job["id"])]
+    for _ in range(20):  # everyone keeps up until the log store starts
+        loop.tick()
+        collect(w, "consumed")
+        g = graph_of_job(db, job["id"])
+        assert g is not None
+        if g.current_epoch >= job["snapshot_epoch"]:
+            break
+    for _ in range(20):  # now only the snapshot job collects: the main graph is busy
+        loop.tick()
+        g = graph_of_job(db, job["id"])
+        assert g is not None
+        if g.current_epoch > committed_epoch(db):
+            break  # the last barrier is out
+        collect(w, "consumed", only={snap_actor})
+    loop.tick()  # one more main barrier in flight
+    return job["id"], busy_actor, snap_actor
+
+
+def test_a_snapshot_job_joins_the_main_graph_at_its_barriers_in_flight(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    client, loop = manual
+    w = FakeWorker(client).register()
+    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(client, loop, db, w)
+    g = graph_of_job(db, job)
+    assert g is not None
+    joins_at = g.current_epoch  # the main epoch after the committed one
+    committed = committed_epoch(db)
+    last = [b for b in barriers_of(db, g.id) if b.curr_epoch == joins_at]
+    assert [(b.prev_epoch, b.state) for b in last] == [(committed, "inflight")]
+    in_flight = [(b.prev_epoch, b.curr_epoch) for b in barriers_of(db) if b.state != "committed"]
+    assert len(in_flight) >= 2 and in_flight[0][0] == joins_at
+
+    # the busy actor collects everything: the main graph must not commit the epoch the
+    # job is about to join at, or the job would miss it
+    collect(w, "consumed", only={busy_actor})
+    loop.tick()
+    assert committed_epoch(db) == committed < joins_at
+    assert graph_of_job(db, job) is not None
+
+    # the job's last barrier commits: it merges, and its actor collects every main
+    # barrier from the one closing the epoch it joined at, keeping its state
+    collect(w, "consumed", only={snap_actor})
+    loop.tick()
+    assert graph_of_job(db, job) is None, "never merged"
+    view = client.get(f"/v1/jobs/{job}").json()
+    assert view["state"] == "created" and view["finished_epoch"] == committed
+    (moved,) = [a for a in w.poll() if a["actor_id"] == snap_actor]
+    assert moved["graph_id"] == 1 and moved["restore"] is None
+    main_in_flight = [
+        (b.prev_epoch, b.curr_epoch) for b in barriers_of(db) if b.state != "committed"
+    ]
+    assert [(b["prev"], b["curr"]) for b in moved["barriers"]] == main_in_flight
+    assert main_in_flight[0][0] == joins_at
+    assert committed_epoch(db) == committed  # it waits for the job's actor now
+    collect(w, "consumed")
+    assert committed_epoch(db) > joins_at
+
+
+def test_without_the_hold_the_job_replays_on_and_merges_later(
+    manual: tuple[TestClient, MetaLoop], db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, loop = manual
+    monkeypatch.setattr(barriers, "MERGE_HOLD_MS", 0)
+    w = FakeWorker(client).register()
+    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(client, loop, db, w)
+    g = graph_of_job(db, job)
+    assert g is not None
+    joins_at = g.current_epoch
+    collect(w, "consumed", only={busy_actor})
+    assert committed_epoch(db) >= joins_at  # the upstream went past: no merge there
+    collect(w, "consumed", only={snap_actor})
+    loop.tick()
+    g = graph_of_job(db, job)
+    assert g is not None and g.committed_epoch < joins_at
+    for _ in range(20):  # it replays the upstream's epochs again, then merges
+        collect(w, "consumed", only={snap_actor})
+        loop.tick()
+        if graph_of_job(db, job) is None:
+            break
+    assert graph_of_job(db, job) is None, "never merged"
+    assert client.get(f"/v1/jobs/{job}").json()["finished_epoch"] >= joins_at
