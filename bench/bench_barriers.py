@@ -2,7 +2,8 @@
 
 Workers answer at once (a 0 ms epoch), so the figure is the protocol's own cost. The
 baseline, measured in the same run, is the floor of that path: one loopback HTTP
-request to the same server (``/healthz``) timed the same way.
+request to the same server (``/healthz``) timed the same way. The control plane runs in
+its own process, as deployed, so the fake workers do not share its interpreter.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from typing import Any
 from sqlalchemy import text
 
 from bench._pg import fresh_database
-from service.settings import Settings
 from spark_workers.client import ControlPlaneClient
 from tests.kit.auth import TOKENS, http_client
-from tests.kit.live import live_server
+from tests.kit.live import server_process
 from tests.kit.meta import make_job
 
 ACTORS = 8
@@ -49,11 +49,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
     barriers = 60 if quick else 300
     interval_ms = 100
     with fresh_database() as (url, db):
-        settings = Settings(
-            database_url=url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False
-        )
         stop = threading.Event()
-        with live_server(settings, db) as base:
+        with server_process(url, barrier_interval_ms=interval_ms) as base:
             threads = [
                 threading.Thread(target=_fake_worker, args=(base, stop)) for _ in range(WORKERS)
             ]

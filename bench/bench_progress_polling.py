@@ -2,7 +2,7 @@
 ``--quick``) while the barrier loop runs (100 ms interval) and a fake worker collects
 every barrier with per-vnode progress, so each commit updates all 100 jobs. p99 of
 ``GET /v1/jobs/{id}/progress`` next to ``GET /healthz`` polled the same way in the
-same run.
+same run. The control plane runs in its own process, as deployed.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import uuid
 from typing import Any
 
 from bench._pg import fresh_database
-from service.settings import Settings
 from spark_workers.client import ControlPlaneClient
 from tests.kit.auth import TOKENS, http_client
-from tests.kit.live import live_server
+from tests.kit.live import server_process
 from tests.kit.meta import make_job
 
 JOBS = 100
@@ -91,9 +90,8 @@ def _poll(base: str, paths: list[str], seconds: float) -> list[float]:
 def run(quick: bool) -> list[dict[str, Any]]:
     seconds = 15.0 if quick else 60.0
     with fresh_database() as (url, db):
-        settings = Settings(database_url=url, barrier_interval_ms=100, spawn_embedded_worker=False)
         stop = threading.Event()
-        with live_server(settings, db) as base:
+        with server_process(url, barrier_interval_ms=100) as base:
             worker = threading.Thread(target=_fake_worker, args=(base, stop), daemon=True)
             worker.start()
             time.sleep(0.3)  # let the worker register before placing actors

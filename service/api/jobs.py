@@ -17,6 +17,7 @@ from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.catalog import jobs
 from service.catalog import verify as verification
 from service.catalog.models import Job
+from service.catalog.progress import RECENT_RECOVERIES, progress_snapshot
 from service.context import ServiceContext
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
@@ -146,8 +147,7 @@ class Progress(BaseModel):
         description="snapshot backfill: upstream epochs committed but not replayed yet"
     )
     recent_recoveries: list[RecoveryRow] = Field(
-        description=f"the job graph's latest recoveries (at most {jobs.RECENT_RECOVERIES}), "
-        "newest first"
+        description=f"the job graph's latest recoveries (at most {RECENT_RECOVERIES}), newest first"
     )
     vnodes: list[VnodeRow]
     splits: list[SplitRow] = Field(description="source backfill: per Kafka partition")
@@ -240,15 +240,15 @@ def get_job(job_id: int, ctx: Ctx, request: Request) -> Response:
 
 @router.get("/{job_id}/progress", response_model=Progress, responses=NOT_MODIFIED)
 def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
-    snap = jobs.progress_snapshot(ctx.db, job_id)
-    job, rows, kept = snap.job, snap.vnodes, snap.kept
+    snap = progress_snapshot(ctx.db, job_id)
+    rows, kept = snap.vnodes, snap.kept
     consumed = max(
         kept.consumed_rows if kept else 0,
         sum(r.row_count for r in rows) + sum(p.num_consumed_rows for p in snap.splits),
     )
     fixed = kept.total_estimate if kept is not None else None
     total = max(fixed or snap.upstream_estimate, consumed)
-    done = job.state == "created"
+    done = snap.state == "created"
     forwarding = (rows and all(r.state == "completed" for r in rows)) or (
         snap.splits and all(p.state == "finished" for p in snap.splits)
     )
@@ -260,8 +260,8 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
     rate = 0.0 if done or kept is None else round(kept.rows_per_s, 1)
     eta = None if done or rate <= 0 else round(max(0, total - consumed) / rate, 1)
     body = Progress(
-        id=job.id,
-        state=job.state,
+        id=snap.job_id,
+        state=snap.state,
         phase=phase,
         rows=consumed,
         total_estimate=total,
@@ -269,12 +269,10 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
         rows_per_s=rate,
         eta_s=0.0 if done else eta,
         committed_epoch=snap.committed_epoch,
-        snapshot_epoch=job.snapshot_epoch,
+        snapshot_epoch=snap.snapshot_epoch,
         log_store_lag_ms=log_store.lag_ms if log_store else None,
         log_store_lag_epochs=log_store.lag_epochs if log_store else None,
-        recent_recoveries=[
-            RecoveryRow(at=e.created_at, reason=e.data.get("reason")) for e in snap.recoveries
-        ],
+        recent_recoveries=[RecoveryRow(at=e.at, reason=e.reason) for e in snap.recoveries],
         vnodes=[
             VnodeRow(vnode=r.vnode, state=r.state, position=r.current_pos, rows=r.row_count)
             for r in rows

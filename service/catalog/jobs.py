@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from backfill_core.epoch import lag_ms
 from backfill_core.schema import (
     SchemaError,
     TableSchema,
@@ -21,16 +20,12 @@ from connectors.kafka import KafkaSpec, KafkaUnavailable, topic_watermarks
 from service.catalog import events, idempotency
 from service.catalog.models import (
     Actor,
-    Barrier,
     EpochPin,
-    Event,
     Graph,
     Job,
     JobProgress,
     Relation,
     Source,
-    SplitProgress,
-    VnodeProgress,
 )
 from service.catalog.sources import get_source
 from service.catalog.tables import _get as get_relation
@@ -45,7 +40,6 @@ from service.meta.sources import split_key
 
 TABLE_KINDS = ("arrangement", "chain", "snapshot")
 MAX_PARALLELISM = 256
-RECENT_RECOVERIES = 5
 
 
 @dataclass(frozen=True)
@@ -374,94 +368,6 @@ def graph_of(db: Database, job: Job) -> Graph:
         if graph is None:
             raise NotFound(f"job {job.id} does not exist", {"job_id": job.id})
         return graph
-
-
-@dataclass(frozen=True)
-class ProgressSnapshot:
-    """Everything a progress read needs, read in one transaction (dashboards poll it)."""
-
-    job: Job
-    vnodes: list[VnodeProgress]
-    splits: list[SplitProgress]
-    kept: JobProgress | None
-    upstream_estimate: int
-    committed_epoch: int
-    log_store: LogStoreLag | None = None
-    recoveries: list[Event] = field(default_factory=list)  # the latest first
-
-
-@dataclass(frozen=True)
-class LogStoreLag:
-    """Where a snapshot backfill's creating graph is against its upstream."""
-
-    phase: str  # snapshot | log_store | finishing
-    lag_ms: int  # upstream committed epoch - replayed epoch, in physical time
-    lag_epochs: int  # upstream epochs closed and committed, not yet replayed
-
-
-def _log_store_lag(s: Session, job: Job) -> LogStoreLag | None:
-    graph = s.get(Graph, job.graph_id) if job.graph_id is not None else None
-    if graph is None or graph.kind != "creating" or job.snapshot_epoch is None:
-        return None
-    main = s.get(Graph, MAIN_GRAPH_ID)
-    assert main is not None
-    replayed = max(graph.committed_epoch, job.snapshot_epoch)
-    epochs = s.execute(
-        select(func.count()).where(
-            Barrier.graph_id == MAIN_GRAPH_ID,
-            Barrier.prev_epoch > replayed,
-            Barrier.prev_epoch <= main.committed_epoch,
-        )
-    ).scalar_one()
-    if graph.committed_epoch < job.snapshot_epoch:
-        phase = "snapshot"
-    elif graph.current_epoch >= main.current_epoch:
-        phase = "finishing"
-    else:
-        phase = "log_store"
-    return LogStoreLag(phase, lag_ms(main.committed_epoch, replayed), int(epochs))
-
-
-def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
-    with db.transaction() as s:
-        job = _job(s, job_id)
-        vnodes = list(
-            s.execute(
-                select(VnodeProgress)
-                .where(VnodeProgress.job_id == job_id)
-                .order_by(VnodeProgress.vnode)
-            ).scalars()
-        )
-        committed = s.execute(
-            select(Graph.committed_epoch).where(Graph.id == job.graph_id)
-        ).scalar_one_or_none()
-        splits = sorted(
-            s.execute(select(SplitProgress).where(SplitProgress.job_id == job_id)).scalars(),
-            key=lambda p: split_key(p.split),
-        )
-        return ProgressSnapshot(
-            job=job,
-            vnodes=vnodes,
-            splits=splits,
-            kept=s.get(JobProgress, job_id),
-            upstream_estimate=_estimate(s, job),
-            committed_epoch=int(committed or 0),
-            log_store=_log_store_lag(s, job),
-            recoveries=list(
-                s.execute(
-                    select(Event)
-                    .where(Event.job_id == job_id, Event.kind == "recovered")
-                    .order_by(Event.id.desc())
-                    .limit(RECENT_RECOVERIES)
-                ).scalars()
-            ),
-        )
-
-
-def upstream_estimate(db: Database, job: Job) -> int:
-    """Versions in the upstream table (the planner's estimate: cheap, approximate)."""
-    with db.transaction() as s:
-        return _estimate(s, job)
 
 
 def _estimate(s: Session, job: Job) -> int:

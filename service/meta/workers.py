@@ -112,10 +112,10 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
             request_recovery(s, g, f"worker failure: {message[:200]}")
 
 
-def _job_spec(s: Session, job: Job) -> dict[str, Any]:
-    up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
-    src = s.get(Source, job.upstream_source_id) if job.upstream_source_id else None
-    mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
+def _job_spec(job: Job, rels: dict[int, Relation], srcs: dict[int, Source]) -> dict[str, Any]:
+    up = rels.get(job.upstream_relation_id) if job.upstream_relation_id else None
+    src = srcs.get(job.upstream_source_id) if job.upstream_source_id else None
+    mv = rels.get(job.mv_relation_id) if job.mv_relation_id else None
     return {
         "id": job.id,
         "name": job.name,
@@ -134,18 +134,6 @@ def _job_spec(s: Session, job: Job) -> dict[str, Any]:
     }
 
 
-def _upstream_actors(s: Session, job: Job) -> list[int]:
-    """Actors of the jobs this job reads from (their barriers must be collected first)."""
-    if job.upstream_relation_id is None:
-        return []
-    producers = select(Job.id).where(Job.mv_relation_id == job.upstream_relation_id)
-    return list(
-        s.execute(
-            select(Actor.id).where(Actor.job_id.in_(producers), Actor.last_epoch.is_(None))
-        ).scalars()
-    )
-
-
 _READY_BARRIERS = text(
     """
     SELECT a.id, b.prev_epoch, b.curr_epoch, b.kind, b.mutation, b.upstream_epoch
@@ -158,6 +146,53 @@ _READY_BARRIERS = text(
     ORDER BY a.id, b.curr_epoch
     """
 )
+
+
+# Whether any barrier waits for one of the worker's actors (what _READY_BARRIERS lists).
+_ANY_READY = text(
+    """
+    SELECT 1 FROM actors a
+    JOIN barriers b ON b.graph_id = a.graph_id AND b.curr_epoch >= a.first_epoch
+      AND (a.last_epoch IS NULL OR b.curr_epoch <= a.last_epoch)
+    WHERE a.worker_id = :w
+      AND NOT EXISTS (SELECT 1 FROM barrier_collects c
+                      WHERE c.actor_id = a.id AND c.curr_epoch = b.curr_epoch)
+    LIMIT 1
+    """
+)
+
+
+def _job_specs(s: Session, jobs: list[Job]) -> tuple[dict[int, Any], dict[int, list[int]]]:
+    """Each job's spec, and its upstream actors (the live actors of the jobs it reads
+    from, whose barriers must be collected first), in a few queries for all jobs."""
+    rel_ids = {r for j in jobs for r in (j.upstream_relation_id, j.mv_relation_id) if r}
+    src_ids = {j.upstream_source_id for j in jobs if j.upstream_source_id}
+    rels = (
+        {r.id: r for r in s.execute(select(Relation).where(Relation.id.in_(rel_ids))).scalars()}
+        if rel_ids
+        else {}
+    )
+    srcs = (
+        {x.id: x for x in s.execute(select(Source).where(Source.id.in_(src_ids))).scalars()}
+        if src_ids
+        else {}
+    )
+    specs = {j.id: _job_spec(j, rels, srcs) for j in jobs}
+    upstream_rels = {j.upstream_relation_id for j in jobs if j.upstream_relation_id}
+    producers: dict[int, list[int]] = {}
+    if upstream_rels:
+        rows = s.execute(
+            select(Job.mv_relation_id, Actor.id)
+            .join(Actor, Actor.job_id == Job.id)
+            .where(Job.mv_relation_id.in_(upstream_rels), Actor.last_epoch.is_(None))
+            .order_by(Actor.id)
+        ).all()
+        for rel, actor in rows:
+            producers.setdefault(rel, []).append(actor)
+    return specs, {
+        j.id: producers.get(j.upstream_relation_id, []) if j.upstream_relation_id else []
+        for j in jobs
+    }
 
 
 def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
@@ -180,16 +215,12 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
             if upstream_epoch is not None:
                 b["upstream_epoch"] = upstream_epoch
             lst.append(b)
-    specs: dict[int, dict[str, Any]] = {}
-    upstreams: dict[int, list[int]] = {}
+    specs, upstreams = _job_specs(s, list({job.id: job for _, _, job in actors}.values()))
     ranges: dict[tuple[int, int, int], dict[str, tuple[int, int]]] = {}
     for actor, graph, job in actors:
         barriers = by_actor.get(actor.id, [])
         if actor.last_epoch is not None and not barriers:
             continue  # stopped and done
-        if job.id not in upstreams:
-            upstreams[job.id] = _upstream_actors(s, job)
-            specs[job.id] = _job_spec(s, job)
         upstream = upstreams[job.id]
         ready = []
         for b in barriers:
@@ -303,10 +334,16 @@ def poll(
         _alive(s, worker_id, lease_ms)
     while True:
         seen = signal.generation if signal is not None else 0
-        with db.transaction() as s:
-            result = PollResult(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
         left = deadline - time.monotonic()
-        if result.has_barriers or left <= 0:
+        with db.transaction() as s:
+            # waiting costs one small query a round; the assignments only when answering
+            answer = left <= 0 or s.execute(_ANY_READY, {"w": worker_id}).first() is not None
+            result = (
+                PollResult(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
+                if answer
+                else None
+            )
+        if result is not None and (result.has_barriers or left <= 0):
             return result
         # woken at once by this process's injections and collects; re-checks now and
         # then for those of other replicas
@@ -316,21 +353,24 @@ def poll(
             time.sleep(min(left, RECHECK_S / 5))
 
 
-_ACTOR_OF_WORKER = text(
-    "SELECT a.graph_id, a.first_epoch, a.worker_id, w.state AS worker_state "
-    "FROM actors a LEFT JOIN workers w ON w.id = a.worker_id WHERE a.id = :a"
+_ACTORS = text(
+    "SELECT a.id, a.graph_id, a.first_epoch, a.worker_id, w.state AS worker_state "
+    "FROM actors a LEFT JOIN workers w ON w.id = a.worker_id WHERE a.id = ANY(:ids)"
 )
 
-# Inserts only for a live barrier of the actor's graph that it has not collected yet.
-_INSERT_COLLECT = text(
+# Inserts only for a live barrier of the actor's graph that it has not collected yet; one
+# statement for a whole batch (workers collect many actors at once).
+_INSERT_COLLECTS = text(
     """
     INSERT INTO barrier_collects (actor_id, curr_epoch, graph_id, prev_epoch, progress, rows, finished)
-    SELECT :a, b.curr_epoch, b.graph_id, b.prev_epoch, CAST(:progress AS jsonb), :rows, :finished
-    FROM barriers b
-    WHERE b.graph_id = :g AND b.curr_epoch = :curr AND b.prev_epoch = :prev
-      AND b.state <> 'committed' AND CAST(:first AS bigint) IS NOT NULL AND b.curr_epoch >= :first
+    SELECT i.a, b.curr_epoch, b.graph_id, b.prev_epoch, i.progress, i.rows, i.finished
+    FROM jsonb_to_recordset(CAST(:items AS jsonb)) AS i(
+           a int, g int, prev bigint, curr bigint, first bigint, progress jsonb, rows bigint,
+           finished boolean)
+    JOIN barriers b ON b.graph_id = i.g AND b.curr_epoch = i.curr AND b.prev_epoch = i.prev
+    WHERE b.state <> 'committed' AND i.first IS NOT NULL AND b.curr_epoch >= i.first
     ON CONFLICT (actor_id, curr_epoch) DO NOTHING
-    RETURNING actor_id
+    RETURNING actor_id, curr_epoch
     """
 )
 
@@ -345,6 +385,22 @@ class CollectItem:
     finished: bool = False
 
 
+def _earlier_collects(
+    s: Session, items: list[CollectItem], inserted: set[tuple[int, int]]
+) -> dict[tuple[int, int], int]:
+    """``prev_epoch`` of the collects already recorded for the items not inserted now."""
+    rest = {(i.actor_id, i.curr_epoch) for i in items} - inserted
+    if not rest:
+        return {}
+    rows = s.execute(
+        select(BarrierCollect.actor_id, BarrierCollect.curr_epoch, BarrierCollect.prev_epoch).where(
+            BarrierCollect.actor_id.in_({a for a, _ in rest}),
+            BarrierCollect.curr_epoch.in_({c for _, c in rest}),
+        )
+    ).all()
+    return {(a, c): p for a, c, p in rows if (a, c) in rest}
+
+
 def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[CollectResult]:
     """Record that actors finished an epoch's work; commits when a graph is complete.
 
@@ -353,12 +409,10 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
     and then nothing of the batch is applied.
     """
     with db.transaction() as s:
-        found = {
-            item.actor_id: s.execute(_ACTOR_OF_WORKER, {"a": item.actor_id}).first()
-            for item in items
-        }
+        ids = sorted({item.actor_id for item in items})
+        found = {row.id: row for row in s.execute(_ACTORS, {"ids": ids})}
         for item in items:
-            row = found[item.actor_id]
+            row = found.get(item.actor_id)
             if row is None or row.worker_id != worker_id:
                 if s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar() is None:
                     raise NotFound(
@@ -375,38 +429,36 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
                 )
         # lock graphs in id order: concurrent batches never deadlock
         graphs = {g: lock_graph(s, g) for g in sorted({r.graph_id for r in found.values()})}
+        rows = [
+            {
+                "a": item.actor_id,
+                "g": found[item.actor_id].graph_id,
+                "prev": item.prev_epoch,
+                "curr": item.curr_epoch,
+                "first": found[item.actor_id].first_epoch,
+                "progress": item.progress,
+                "rows": item.rows,
+                "finished": item.finished,
+            }
+            for item in items
+        ]
+        inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": json.dumps(rows)})}
+        earlier = _earlier_collects(s, items, inserted)
         results = []
         for item in items:
-            row = found[item.actor_id]
-            graph = graphs[row.graph_id]
-            inserted = s.execute(
-                _INSERT_COLLECT,
-                {
-                    "a": item.actor_id,
-                    "g": row.graph_id,
-                    "prev": item.prev_epoch,
-                    "curr": item.curr_epoch,
-                    "first": row.first_epoch,
-                    "progress": json.dumps(item.progress) if item.progress is not None else None,
-                    "rows": item.rows,
-                    "finished": item.finished,
-                },
-            ).first()
-            if inserted is not None:
+            key = (item.actor_id, item.curr_epoch)
+            if key in inserted:
+                inserted.discard(key)  # a second copy in the same batch is a duplicate
+                earlier[key] = item.prev_epoch
                 results.append("accepted")
-                continue
-            earlier = s.execute(
-                select(BarrierCollect.prev_epoch).where(
-                    BarrierCollect.actor_id == item.actor_id,
-                    BarrierCollect.curr_epoch == item.curr_epoch,
-                )
-            ).scalar()
-            if earlier != item.prev_epoch:
+            elif earlier.get(key) == item.prev_epoch:
+                results.append("duplicate")
+            else:
+                graph = graphs[found[item.actor_id].graph_id]
                 raise Conflict(
                     f"stale or unknown barrier {item.prev_epoch}->{item.curr_epoch} for actor {item.actor_id}",
                     {"actor_id": item.actor_id, "committed_epoch": graph.committed_epoch},
                 )
-            results.append("duplicate")
         for graph in graphs.values():
             try_complete(s, graph)
         return [

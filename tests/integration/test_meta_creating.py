@@ -297,6 +297,7 @@ def test_a_snapshot_job_joins_the_main_graph_at_its_barriers_in_flight(
     # the job's last barrier commits: it merges, and its actor collects every main
     # barrier from the one closing the epoch it joined at, keeping its state
     collect(w, "consumed", only={snap_actor})
+    assert client.get(f"/v1/jobs/{job}/progress").json()["phase"] == "finishing"
     loop.tick()
     assert graph_of_job(db, job) is None, "never merged"
     view = client.get(f"/v1/jobs/{job}").json()

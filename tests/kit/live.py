@@ -1,12 +1,21 @@
-"""A real uvicorn server on loopback, in a thread, for protocol tests and benches."""
+"""A real uvicorn server on loopback, in a thread (protocol tests) or in a child
+process (benches)."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
+import httpx
 import uvicorn
 
 from service.api.app import create_app
@@ -33,3 +42,52 @@ def live_server(settings: Settings, db: Database | None = None, port: int = 0) -
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextmanager
+def server_process(database_url: str, **settings: Any) -> Iterator[str]:
+    """``backfill serve`` as a child process (its own interpreter, as in production):
+    for benches, where a server sharing the load generator's GIL measures the harness.
+    ``settings`` become ``BACKFILL_*`` variables; the test tokens come from the
+    environment (``use_test_tokens``)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = os.environ | {
+        "BACKFILL_DATABASE_URL": database_url,
+        "BACKFILL_SPAWN_EMBEDDED_WORKER": "false",
+        "BACKFILL_LOG_LEVEL": "warning",
+    }
+    env |= {
+        f"BACKFILL_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in settings.items()
+    }
+    backfill = str(Path(sys.executable).with_name("backfill"))
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [backfill, "serve", "--port", str(port)], env=env, stdout=log, stderr=log
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while not _ready(base):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-3000:]
+                    raise RuntimeError(f"the control plane did not start:\n{tail}")
+                time.sleep(0.05)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
