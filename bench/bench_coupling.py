@@ -8,13 +8,17 @@ writer's changes) on worker A, so its barriers need a worker's collect. The back
 actors go to worker B (the least loaded). An arrangement or chain backfill runs *in* the
 main graph, so every upstream barrier waits for worker B between two snapshot reads;
 a snapshot backfill runs in a creating graph of its own and the upstream only waits
-for worker A (and once, for one barrier round trip of B, at the merge).
+for worker A (and once, for one barrier round trip of B, at the merge). The issue's
+figure is phase 1 (the snapshot read); the whole backfill is reported beside it. The
+control plane and the two workers are processes of their own, as deployed.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -25,10 +29,8 @@ from bench._pg import fresh_database
 from bench.bench_backfill import _load
 from service.db import Database
 from service.embedded_pg import to_libpq_url
-from service.settings import Settings
-from spark_workers.runtime import Worker
 from tests.kit.auth import http_client
-from tests.kit.live import live_server
+from tests.kit.live import child_process, server_process
 
 INTERVAL_MS = 200
 
@@ -63,6 +65,32 @@ def _latencies(db: Database, since: float, until: float) -> list[float]:
     return [float(x) * 1000 for (x,) in rows]
 
 
+@dataclass(frozen=True)
+class Run:
+    latencies: list[float]  # ms, every upstream barrier injected during the backfill
+    seconds: float
+    phase1: list[float]  # ms, those injected while a snapshot backfill read its snapshot
+
+
+def _wait_created(http: httpx.Client, job: int, *, phased: bool) -> float | None:
+    """Wait until the job is created; when its phase 1 (``snapshot``) ended, if ``phased``."""
+    deadline = time.monotonic() + 1800
+    snapshot_done = None
+    while True:
+        progress = http.get(f"/v1/jobs/{job}/progress").json()
+        if (
+            phased
+            and snapshot_done is None
+            and progress["phase"] in ("log_store", "finishing", "done")
+        ):
+            snapshot_done = time.time()
+        if progress["state"] == "created":
+            return snapshot_done
+        assert progress["state"] == "creating", f"job {progress['state']}"
+        assert time.monotonic() < deadline, "the job did not get created"
+        time.sleep(0.1)
+
+
 def _wait_state(http: httpx.Client, job: int, want: str) -> None:
     deadline = time.monotonic() + 1800
     while (state := http.get(f"/v1/jobs/{job}").json()["state"]) != want:
@@ -82,6 +110,7 @@ def _backfill(
         job = None
         try:
             t0 = time.time()
+            snapshot_done = None
             if kind == "none":
                 stop.wait(idle_s)
             else:
@@ -91,25 +120,31 @@ def _backfill(
                 )
                 assert r.status_code == 202, r.text
                 job = r.json()["id"]
-                _wait_state(http, job, "created")
+                snapshot_done = _wait_created(http, job, phased=kind == "snapshot")
             t1 = time.time()
         finally:
             stop.set()
             writer.join(timeout=30)
         if job is not None:
             assert http.delete(f"/v1/jobs/{job}").status_code in (200, 202, 204)
-    return _latencies(db, t0, t1), t1 - t0
+    phase1 = _latencies(db, t0, snapshot_done) if snapshot_done is not None else []
+    return Run(_latencies(db, t0, t1), t1 - t0, phase1)
 
 
-def _worker(base: str, name: str, capacity: int) -> tuple[Worker, threading.Thread]:
-    worker = Worker(base, name, capacity=capacity, settings=Settings())
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 120
-    while worker.spark is None:
-        assert time.monotonic() < deadline, "the worker did not register"
-        time.sleep(0.05)
-    return worker, thread
+def _worker(db: Database, base: str, name: str, capacity: int) -> Any:
+    """``backfill worker`` as a process of its own, registered when entered."""
+    args = ["worker", "--control-plane", base, "--name", name, "--capacity", str(capacity)]
+    return child_process(args, lambda: _registered(db, name))
+
+
+def _registered(db: Database, name: str) -> bool:
+    with db.engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text("SELECT count(*) FROM workers WHERE name = :n AND state = 'alive'"),
+                {"n": name},
+            ).scalar_one()
+        )
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
@@ -120,63 +155,61 @@ def run(quick: bool) -> list[dict[str, Any]]:
             _load(db, conn, n)
         finally:
             conn.close()
-        settings = Settings(
-            database_url=url, barrier_interval_ms=INTERVAL_MS, spawn_embedded_worker=False
-        )
-        results: dict[str, tuple[list[float], float]] = {}
-        with live_server(settings, db) as base:
+        results: dict[str, Run] = {}
+        with (
+            server_process(url, barrier_interval_ms=INTERVAL_MS) as base,
+            ExitStack() as workers,
+        ):
             # A is full with the standing MV's one actor: every backfill actor goes to B
-            a, ta = _worker(base, "bench-coupling-a", capacity=1)
-            workers = [(a, ta)]
-            try:
-                with http_client(base, timeout=120) as http:
-                    # the standing MV: a small projection, created before worker B exists
-                    r = http.post(
-                        "/v1/jobs",
-                        json={
-                            "name": "standing",
-                            "upstream": {"table": "orders"},
-                            "backfill": "arrangement",
-                            "columns": ["id"],
-                            "filter": {"col": "id", "op": "<", "value": 1000},
-                            "parallelism": 1,
-                        },
-                    )
-                    assert r.status_code == 202, r.text
-                    _wait_state(http, r.json()["id"], "created")
-                b, tb = _worker(base, "bench-coupling-b", capacity=64)
-                workers.append((b, tb))
-                b.spark.warm_up()  # type: ignore[union-attr]
-                results["snapshot"] = _backfill(db, base, "snapshot", n)
-                results["none"] = _backfill(db, base, "none", n, idle_s=results["snapshot"][1])
-                results["arrangement"] = _backfill(db, base, "arrangement", n)
-                results["chain"] = _backfill(db, base, "chain", n)
-            finally:
-                for w, _ in workers:
-                    w.stop_event.set()
-                for _, t in workers:
-                    t.join(timeout=60)
-    base_lat, _ = results["none"]
+            workers.enter_context(_worker(db, base, "bench-coupling-a", capacity=1))
+            with http_client(base, timeout=120) as http:
+                # the standing MV: a small projection, created before worker B exists
+                r = http.post(
+                    "/v1/jobs",
+                    json={
+                        "name": "standing",
+                        "upstream": {"table": "orders"},
+                        "backfill": "arrangement",
+                        "columns": ["id"],
+                        "filter": {"col": "id", "op": "<", "value": 1000},
+                        "parallelism": 1,
+                    },
+                )
+                assert r.status_code == 202, r.text
+                _wait_state(http, r.json()["id"], "created")
+            workers.enter_context(_worker(db, base, "bench-coupling-b", capacity=64))
+            results["snapshot"] = _backfill(db, base, "snapshot", n)
+            results["none"] = _backfill(db, base, "none", n, idle_s=results["snapshot"].seconds)
+            results["arrangement"] = _backfill(db, base, "arrangement", n)
+            results["chain"] = _backfill(db, base, "chain", n)
+    base = _pct(results["none"].latencies, 99)
     note = (
         f"{n:,} rows, a writer updating 20 rows every ~20 ms, barrier interval {INTERVAL_MS} ms, "
-        "a standing MV on worker A, the backfill on worker B; backfill took "
-        + ", ".join(f"{k} {v[1]:.1f} s" for k, v in results.items() if k != "none")
+        "the control plane and workers A and B in processes of their own, a standing MV on A, "
+        "the backfill on B; backfill took "
+        + ", ".join(f"{k} {v.seconds:.1f} s" for k, v in results.items() if k != "none")
     )
+    figures = [
+        ("snapshot backfill's phase 1 (snapshot read)", results["snapshot"].phase1, "<= 1.2"),
+        ("whole snapshot backfill (log store and merge too)", results["snapshot"].latencies, None),
+        ("arrangement backfill", results["arrangement"].latencies, None),
+        ("chain backfill", results["chain"].latencies, None),
+    ]
     out = []
-    for kind in ("snapshot", "arrangement", "chain"):
-        lat, _ = results[kind]
-        value, baseline = _pct(lat, 99), _pct(base_lat, 99)
-        ratio = round(value / baseline, 2) if baseline else None
+    for what, lat, target in figures:
+        value = _pct(lat, 99) if lat else float("nan")
+        ratio = round(value / base, 2) if base and lat else None
         out.append(
             {
-                "name": f"upstream barrier latency p99: {kind} backfill vs none",
+                "name": f"upstream barrier latency p99: {what} vs none",
                 "value": round(value, 1),
-                "baseline": round(baseline, 1),
+                "baseline": round(base, 1),
                 "ratio": ratio,
-                "target": "<= 1.2" if kind == "snapshot" else None,
+                "target": target,
                 "unit": "ms",
-                "passed": (ratio is not None and ratio <= 1.2) if kind == "snapshot" else None,
-                "note": note + f"; {len(lat)} upstream barriers ({len(base_lat)} without)",
+                "passed": (ratio is not None and ratio <= 1.2) if target else None,
+                "note": note
+                + f"; {len(lat)} upstream barriers ({len(results['none'].latencies)} without)",
             }
         )
     return out

@@ -77,11 +77,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     require_java()
     from spark_workers.main import run_worker
 
-    return run_worker(args.control_plane, name=args.name)
+    return run_worker(args.control_plane, name=args.name, capacity=args.capacity)
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -151,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run a PySpark worker that executes backfill actors")
     w.add_argument("--control-plane", required=True, metavar="URL", help="control plane base URL")
     w.add_argument("--name", default=None, help="worker name (default: host name and pid)")
+    w.add_argument(
+        "--capacity",
+        type=_positive,
+        default=64,
+        help="how many actors the control plane may place on this worker (default: 64)",
+    )
     w.set_defaults(func=cmd_worker)
 
     d = sub.add_parser("db", help="manage the catalog schema")

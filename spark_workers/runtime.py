@@ -258,10 +258,10 @@ class Worker:
                 return
 
 
-def run_worker(control_plane_url: str, name: str | None = None) -> int:
+def run_worker(control_plane_url: str, name: str | None = None, capacity: int = 64) -> int:
     import signal
 
-    worker = Worker(control_plane_url, name)
+    worker = Worker(control_plane_url, name, capacity=capacity)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stop_event.set())
     return worker.run()

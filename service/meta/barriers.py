@@ -232,14 +232,18 @@ _MARK_COMMITTED = text(
 
 
 # The lowest epoch a creating graph's last barrier opened (a main epoch not committed
-# yet) within the hold: the main graph commits nothing at or after it meanwhile.
+# yet): the main graph commits nothing at or after it meanwhile. Only once that barrier
+# is all the job has left (the hold counts from then), so the hold lasts one barrier
+# round trip of the job, not its whole replay (which the upstream must never wait for).
 _MERGE_CEILING = text(
     """
     SELECT min(g.current_epoch) FROM graphs g
     WHERE g.kind = 'creating' AND g.state = 'running' AND g.current_epoch > :committed
-      AND EXISTS (SELECT 1 FROM barriers b
-                  WHERE b.graph_id = g.id AND b.curr_epoch = g.current_epoch
-                    AND b.injected_at > clock_timestamp() - make_interval(secs => :hold_s))
+      AND NOT EXISTS (SELECT 1 FROM barriers b
+                      WHERE b.graph_id = g.id AND b.curr_epoch < g.current_epoch
+                        AND b.state <> 'committed')
+      AND (SELECT max(greatest(b.injected_at, b.committed_at)) FROM barriers b
+           WHERE b.graph_id = g.id) > clock_timestamp() - make_interval(secs => :hold_s)
     """
 )
 

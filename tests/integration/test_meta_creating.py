@@ -25,15 +25,19 @@ TABLE = {
 }
 
 
-def collect(w: FakeWorker, state: str, only: set[int] | None = None) -> list[dict[str, Any]]:
-    """Collect every ready barrier (of the actors in ``only``, if given), every vnode
-    reported in ``state``; returns them."""
+def collect(
+    w: FakeWorker, state: str, only: set[int] | None = None, before: int | None = None
+) -> list[dict[str, Any]]:
+    """Collect every ready barrier (of the actors in ``only``, opening an epoch before
+    ``before``, if given), every vnode reported in ``state``; returns them."""
     seen = []
     for a in w.poll():
         if only is not None and a["actor_id"] not in only:
             continue
         vnodes = [v for lo, hi in a["vnodes"] for v in range(lo, hi)]
         for b in a["barriers"]:
+            if before is not None and b["curr"] >= before:
+                break
             progress = {
                 "vnodes": [
                     {"vnode": v, "state": state, "current_pos": None, "row_count": 1}
@@ -236,11 +240,12 @@ def test_a_lagging_log_store_replay_holds_the_upstream_back(
 
 
 def _busy_main_and_a_snapshot_job(
-    client: TestClient, loop: MetaLoop, db: Database, w: FakeWorker
+    client: TestClient, loop: MetaLoop, db: Database, w: FakeWorker, *, replayed: bool = True
 ) -> tuple[int, int, int]:
     """An arrangement job keeps the main graph's barriers waiting for its actor; a
     snapshot job replays the log store. Returns (job id, busy actor, snapshot actor)
-    once the snapshot job sent its last barrier, the main graph still busy."""
+    once the snapshot job sent its last barrier (and, if ``replayed``, committed all
+    the others), the main graph still busy."""
     assert client.post("/v1/tables", json=TABLE).status_code == 201
     for _ in range(3):
         loop.tick()
@@ -268,6 +273,9 @@ def _busy_main_and_a_snapshot_job(
         if g.current_epoch > committed_epoch(db):
             break  # the last barrier is out
         collect(w, "consumed", only={snap_actor})
+    assert g is not None
+    if replayed:
+        collect(w, "consumed", only={snap_actor}, before=g.current_epoch)  # all but the last
     loop.tick()  # one more main barrier in flight
     return job["id"], busy_actor, snap_actor
 
@@ -288,7 +296,8 @@ def test_a_snapshot_job_joins_the_main_graph_at_its_barriers_in_flight(
     assert len(in_flight) >= 2 and in_flight[0][0] == joins_at
 
     # the busy actor collects everything: the main graph must not commit the epoch the
-    # job is about to join at, or the job would miss it
+    # job is about to join at (its last barrier is all it has left), or the job would
+    # miss it
     collect(w, "consumed", only={busy_actor})
     loop.tick()
     assert committed_epoch(db) == committed < joins_at
@@ -314,13 +323,19 @@ def test_a_snapshot_job_joins_the_main_graph_at_its_barriers_in_flight(
     assert committed_epoch(db) > joins_at
 
 
+@pytest.mark.parametrize("why", ["the hold ended", "the job still replays"])
 def test_without_the_hold_the_job_replays_on_and_merges_later(
-    manual: tuple[TestClient, MetaLoop], db: Database, monkeypatch: pytest.MonkeyPatch
+    manual: tuple[TestClient, MetaLoop], db: Database, monkeypatch: pytest.MonkeyPatch, why: str
 ) -> None:
+    """The upstream waits for a job's last barrier only: not for its replay, and not
+    past the hold."""
     client, loop = manual
-    monkeypatch.setattr(barriers, "MERGE_HOLD_MS", 0)
+    if why == "the hold ended":
+        monkeypatch.setattr(barriers, "MERGE_HOLD_MS", 0)
     w = FakeWorker(client).register()
-    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(client, loop, db, w)
+    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(
+        client, loop, db, w, replayed=why == "the hold ended"
+    )
     g = graph_of_job(db, job)
     assert g is not None
     joins_at = g.current_epoch

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,6 +44,35 @@ def live_server(settings: Settings, db: Database | None = None, port: int = 0) -
         thread.join(timeout=30)
 
 
+BACKFILL = str(Path(sys.executable).with_name("backfill"))
+
+
+@contextmanager
+def child_process(
+    args: list[str], ready: Callable[[], bool], env: dict[str, str] | None = None
+) -> Iterator[subprocess.Popen[bytes]]:
+    """``backfill <args>`` as a child process, once ``ready()``; terminated at the end.
+    If it exits or is not ready within 60 s, the error carries the tail of its output."""
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen([BACKFILL, *args], env=env, stdout=log, stderr=log)
+        try:
+            deadline = time.monotonic() + 60
+            while not ready():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    tail = log.read().decode(errors="replace")[-3000:]
+                    raise RuntimeError(f"backfill {args[0]} did not start:\n{tail}")
+                time.sleep(0.05)
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 @contextmanager
 def server_process(database_url: str, **settings: Any) -> Iterator[str]:
     """``backfill serve`` as a child process (its own interpreter, as in production):
@@ -62,28 +91,9 @@ def server_process(database_url: str, **settings: Any) -> Iterator[str]:
         f"BACKFILL_{k.upper()}": str(v).lower() if isinstance(v, bool) else str(v)
         for k, v in settings.items()
     }
-    backfill = str(Path(sys.executable).with_name("backfill"))
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [backfill, "serve", "--port", str(port)], env=env, stdout=log, stderr=log
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while not _ready(base):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    tail = log.read().decode(errors="replace")[-3000:]
-                    raise RuntimeError(f"the control plane did not start:\n{tail}")
-                time.sleep(0.05)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    base = f"http://127.0.0.1:{port}"
+    with child_process(["serve", "--port", str(port)], lambda: _ready(base), env):
+        yield base
 
 
 def _ready(base: str) -> bool:
