@@ -8,10 +8,12 @@ where the upstream side is always preferred.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -171,9 +173,45 @@ class Worker:
         busy = any(r.has_reads() for r in self.runners.values())
         assignments = self.client.poll(timeout_ms=0 if busy else 2_000)["assignments"]
         collects = self._barriers(assignments)
-        if collects:
-            self.client.collect_many(collects)
+        while collects:
+            try:
+                self.client.collect_many(collects)
+                break
+            except ProtocolError as e:
+                # a batch is all or nothing: without the actors dropped meanwhile, again
+                gone = self._unassigned(e)
+                if gone is None or not self._forget_if_dropped([gone]):
+                    raise
+                collects = [c for c in collects if c["actor_id"] != gone]
         self._read_until_next_barrier()
+
+    @staticmethod
+    def _unassigned(e: ProtocolError) -> int | None:
+        """The actor of a collect refused because it is not this worker's (any more)."""
+        if e.status != 409 or not isinstance(e.body, dict):
+            return None
+        error = e.body.get("error") or {}
+        if "is not assigned to worker" not in str(error.get("message", "")):
+            return None
+        actor = (error.get("details") or {}).get("actor_id")
+        return int(actor) if isinstance(actor, int) else None
+
+    def _forget_if_dropped(self, actor_ids: list[int]) -> bool:
+        """Forget the actors among ``actor_ids`` that are gone from the catalog (their job
+        was cancelled or dropped while they worked: what failed was their own work, so it
+        is no failure of this worker's other actors). Whether any was gone."""
+        if self.conn is None:
+            return False
+        self.conn.rollback()
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT id FROM actors WHERE id = ANY(%s)", (actor_ids,))
+            alive = {int(row[0]) for row in cur.fetchall()}
+        self.conn.rollback()
+        gone = set(actor_ids) - alive
+        for actor_id in gone:
+            log.info("actor %s was dropped with its job: forgetting it", actor_id)
+            self.runners.pop(actor_id, None)
+        return bool(gone)
 
     def _barriers(self, assignments: list[dict[str, Any]]) -> list[dict[str, Any]]:
         live = {a["actor_id"] for a in assignments}
@@ -204,8 +242,13 @@ class Worker:
                 self.runners[a["actor_id"]] = runner
             if len(barriers) > 1 and isinstance(runner, SourceRunner):
                 runner.prefetch(barriers)
-            for b in barriers:
-                collects.append(runner.on_barrier(self.conn, b))
+            try:
+                for b in barriers:
+                    collects.append(runner.on_barrier(self.conn, b))
+            except Exception:
+                if not self._forget_if_dropped([a["actor_id"]]):
+                    raise
+                collects = [c for c in collects if c["actor_id"] != a["actor_id"]]
         return collects
 
     def _spark_runners(self) -> list[ActorRunner | SourceRunner]:
@@ -238,19 +281,30 @@ class Worker:
             remaining[r.job_id] = remaining.get(r.job_id, 0) + left
         return [r for r in eligible if remaining[r.job_id] >= s.spark_min_rows]
 
+    @contextlib.contextmanager
+    def _unless_dropped(self, runners: list[ActorRunner | SourceRunner]) -> Iterator[None]:
+        """Reads of actors whose job is dropped meanwhile may fail: forget those actors."""
+        try:
+            yield
+        except Exception:
+            if not self._forget_if_dropped([r.actor_id for r in runners]):
+                raise
+
     def _read_until_next_barrier(self) -> None:
         while not self.stop_event.is_set():
             did = False
             large = self._spark_runners()
             if large:
                 assert self.spark is not None
-                self.spark.run_epoch(large, self.settings.spark_epoch_rows)
+                with self._unless_dropped(large):
+                    self.spark.run_epoch(large, self.settings.spark_epoch_rows)
                 did = True
             for runner in list(self.runners.values()):
                 if runner in large:
                     continue
-                if runner.read_some(self.conn, CHUNK_ROWS) >= 0:
-                    did = True
+                with self._unless_dropped([runner]):
+                    if runner.read_some(self.conn, CHUNK_ROWS) >= 0:
+                        did = True
             if not did:
                 return
             pending = self.client.poll(timeout_ms=0)["assignments"]

@@ -187,3 +187,38 @@ def test_kill_9_of_the_worker_mid_backfill(db: Database, fresh_db_url: str) -> N
             writer.thread.join(timeout=30)
             second.terminate()
             second.wait(timeout=30)
+
+
+def test_cancelling_jobs_mid_backfill_leaves_the_other_jobs_alone(
+    cluster: tuple[httpx.Client, Worker], db: Database
+) -> None:
+    """A worker whose actors' job is dropped under them (a Spark write into a view that
+    is gone, a collect for an actor that is gone) forgets those actors: the drop is no
+    failure of the worker's other actors, whose graph goes on without a recovery."""
+    http, worker = cluster
+    load(http, 100_000)
+    with db.engine.begin() as conn:  # the planner's estimate sizes the epochs for Spark
+        conn.execute(text("ANALYZE"))
+
+    def recoveries() -> int:
+        with db.engine.connect() as conn:
+            return int(
+                conn.execute(text("SELECT recovery_seq FROM graphs WHERE id = 1")).scalar_one()
+            )
+
+    keep = create_job(http, "keep", columns=["id", "amount"], rate_limit=20_000)
+    before = recoveries()
+    doomed = []
+    for i in range(3):
+        job = create_job(http, f"doomed{i}", columns=["id", "amount"])
+        doomed.append(job)
+        wait_for(
+            lambda job=job: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 0,
+            what="the doomed job under way",
+        )
+        assert http.delete(f"/v1/jobs/{job}").status_code == 204
+    wait_created(http, keep)
+    assert_exact(http, keep)
+    assert recoveries() == before, "dropping a job recovered the graph of the others"
+    assert http.get(f"/v1/jobs/{keep}/progress").json()["recent_recoveries"] == []
+    assert not {r.job_id for r in worker.runners.values()} & set(doomed)
