@@ -122,12 +122,8 @@ class Worker:
 
     def _stale_collect(self, e: ProtocolError) -> int | None:
         """The graph of a collect refused as stale (its graph recovered meanwhile)."""
-        if e.status != 409 or not isinstance(e.body, dict):
-            return None
-        error = e.body.get("error") or {}
-        if "stale" not in str(error.get("message", "")):
-            return None
-        runner = self.runners.get(int((error.get("details") or {}).get("actor_id", -1)))
+        actor = self._refused_actor(e, "stale")
+        runner = self.runners.get(actor) if actor is not None else None
         return runner.graph_id if runner is not None else None
 
     def _superseded(self, graph_id: int, why: str) -> None:
@@ -179,19 +175,19 @@ class Worker:
                 break
             except ProtocolError as e:
                 # a batch is all or nothing: without the actors dropped meanwhile, again
-                gone = self._unassigned(e)
+                gone = self._refused_actor(e, "is not assigned to worker")
                 if gone is None or not self._forget_if_dropped([gone]):
                     raise
                 collects = [c for c in collects if c["actor_id"] != gone]
         self._read_until_next_barrier()
 
     @staticmethod
-    def _unassigned(e: ProtocolError) -> int | None:
-        """The actor of a collect refused because it is not this worker's (any more)."""
+    def _refused_actor(e: ProtocolError, why: str) -> int | None:
+        """The actor of a collect refused with a 409 whose message says ``why``."""
         if e.status != 409 or not isinstance(e.body, dict):
             return None
         error = e.body.get("error") or {}
-        if "is not assigned to worker" not in str(error.get("message", "")):
+        if why not in str(error.get("message", "")):
             return None
         actor = (error.get("details") or {}).get("actor_id")
         return int(actor) if isinstance(actor, int) else None

@@ -51,6 +51,7 @@ def inject(
         select(func.count()).where(Barrier.graph_id == graph_id, Barrier.state != "committed")
     ).scalar_one()
     if inflight >= max_inflight:
+        try_complete(session, graph)  # what a merge hold kept back may commit now
         return None
     prev = graph.current_epoch
     curr = next_epoch(prev, now_ms)
@@ -274,12 +275,13 @@ def try_complete(session: Session, graph: Graph) -> int | None:
     commit_at = None
     clock = None
     ceiling: int | None = None
+    ceiling_read = False
     for i, (curr, prev, kind, _state, upstream, required, collected) in enumerate(pending):
         if collected < required:
             break
         complete = i + 1
-        if kind in COMMIT_KINDS and commit_at is None:
-            ceiling = _merge_ceiling(session, graph)
+        if kind in COMMIT_KINDS and not ceiling_read:
+            ceiling, ceiling_read = _merge_ceiling(session, graph), True
         if kind in COMMIT_KINDS and (ceiling is None or prev < ceiling):
             commit_at = (curr, prev)
             # rows/s is measured in upstream time: a creating graph's epochs are fake

@@ -32,15 +32,12 @@ def safe_epoch(committed: int, retention_ms: int, min_pin: int | None) -> int:
     return safe
 
 
-# Relations with something to compact: their safe epoch is past their last GC's.
-_CANDIDATES = text(
+# Every relation's graph's committed epoch and the lowest pin on it, in one query.
+_GC_INPUTS = text(
     """
-    SELECT r.id, least(greatest(0, g.committed_epoch - (CAST(:retention AS bigint) << :shift)),
-                       coalesce(p.epoch, 9223372036854775807)) AS safe
-    FROM relations r
-    JOIN graphs g ON g.id = r.graph_id
-    LEFT JOIN LATERAL (SELECT min(epoch) AS epoch FROM epoch_pins
-                       WHERE relation_id = r.id) p ON true
+    SELECT r.id, g.committed_epoch,
+           (SELECT min(epoch) FROM epoch_pins p WHERE p.relation_id = r.id) AS min_pin
+    FROM relations r JOIN graphs g ON g.id = r.graph_id
     ORDER BY r.id
     """
 )
@@ -48,10 +45,13 @@ _CANDIDATES = text(
 
 def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
     """Compact every relation once; each relation in its own short transaction. The safe
-    epochs of all relations come from one query (``safe_epoch`` in SQL)."""
+    epochs come from one query up front: they only err low (committed epochs grow, and
+    a new pin is at an upstream's committed epoch)."""
     with db.transaction() as s:
-        params = {"retention": retention_ms, "shift": EPOCH_PHYSICAL_SHIFT}
-        todo = [(int(r), int(safe)) for r, safe in s.execute(_CANDIDATES, params)]
+        todo = [
+            (int(r), safe_epoch(int(committed), retention_ms, min_pin))
+            for r, committed, min_pin in s.execute(_GC_INPUTS)
+        ]
     results = []
     for rel_id, safe in todo:
         with db.transaction() as s:

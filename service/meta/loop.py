@@ -125,8 +125,9 @@ class MetaLoop:
                 else:
                     for job_id in creating.merge_caught_up(s):
                         log.info("job %s caught up with its upstream: merged", job_id)
-                    barriers.settle(s, graph_id)  # collects alone may not end a merge hold
                     if creating.lag_capped(s):
+                        # collects alone may not commit what a merge hold kept back
+                        barriers.settle(s, graph_id)
                         continue
                     barriers.inject(
                         s,

@@ -134,32 +134,22 @@ def _job_spec(job: Job, rels: dict[int, Relation], srcs: dict[int, Source]) -> d
     }
 
 
-_READY_BARRIERS = text(
-    """
-    SELECT a.id, b.prev_epoch, b.curr_epoch, b.kind, b.mutation, b.upstream_epoch
+# The barriers waiting for one of a worker's actors: in its graph, within its lifetime,
+# not collected by it yet.
+_READY_FROM = """
     FROM actors a
     JOIN barriers b ON b.graph_id = a.graph_id AND b.curr_epoch >= a.first_epoch
       AND (a.last_epoch IS NULL OR b.curr_epoch <= a.last_epoch)
     WHERE a.worker_id = :w
       AND NOT EXISTS (SELECT 1 FROM barrier_collects c
                       WHERE c.actor_id = a.id AND c.curr_epoch = b.curr_epoch)
-    ORDER BY a.id, b.curr_epoch
-    """
+"""
+_READY_BARRIERS = text(
+    "SELECT a.id, b.prev_epoch, b.curr_epoch, b.kind, b.mutation, b.upstream_epoch"
+    + _READY_FROM
+    + "ORDER BY a.id, b.curr_epoch"
 )
-
-
-# Whether any barrier waits for one of the worker's actors (what _READY_BARRIERS lists).
-_ANY_READY = text(
-    """
-    SELECT 1 FROM actors a
-    JOIN barriers b ON b.graph_id = a.graph_id AND b.curr_epoch >= a.first_epoch
-      AND (a.last_epoch IS NULL OR b.curr_epoch <= a.last_epoch)
-    WHERE a.worker_id = :w
-      AND NOT EXISTS (SELECT 1 FROM barrier_collects c
-                      WHERE c.actor_id = a.id AND c.curr_epoch = b.curr_epoch)
-    LIMIT 1
-    """
-)
+_ANY_READY = text("SELECT 1" + _READY_FROM + "LIMIT 1")
 
 
 def _job_specs(s: Session, jobs: list[Job]) -> tuple[dict[int, Any], dict[int, list[int]]]:
