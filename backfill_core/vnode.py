@@ -153,18 +153,33 @@ def even_split(vnode_count: int, parts: int) -> list[VnodeBitmap]:
     return out
 
 
-def vnode_hasher(types: Sequence[ColumnType], vnode_count: int) -> Callable[[Sequence[Any]], int]:
-    """A fast ``compute_vnode`` for a fixed key type list (hot path of every write)."""
+def vnode_hasher(
+    types: Sequence[ColumnType], vnode_count: int, positions: Sequence[int] | None = None
+) -> Callable[[Sequence[Any]], int]:
+    """A fast ``compute_vnode`` for a fixed key type list (hot path of every write).
+
+    The function takes the key values, or with ``positions`` a longer tuple (a primary
+    key, a row) whose values at those positions are the key: no tuple is built per call.
+    """
     if vnode_count <= 0:
         raise ValueError("vnode_count must be positive")
+    at = list(range(len(types))) if positions is None else list(positions)
+    if len(at) != len(types):
+        raise ValueError("one position per key type")
     if len(types) == 1 and types[0] in (ColumnType.SMALLINT, ColumnType.INT, ColumnType.BIGINT):
         pack = _I64.pack
         crc = zlib.crc32
+        # crc32 is incremental: the tag byte's running value seeds the payload's
+        tag_crc = crc(b"\x02")
+        null_vnode = crc(b"\x00") % vnode_count
+        j = at[0]
 
         def int_key(values: Sequence[Any]) -> int:
-            v = values[0]
-            return crc(b"\x00" if v is None else b"\x02" + pack(v)) % vnode_count
+            v = values[j]
+            return null_vnode if v is None else crc(pack(v), tag_crc) % vnode_count
 
         return int_key
     typed = list(types)
-    return lambda values: zlib.crc32(encode_key(typed, values)) % vnode_count
+    if positions is None:
+        return lambda values: zlib.crc32(encode_key(typed, values)) % vnode_count
+    return lambda values: zlib.crc32(encode_key(typed, [values[j] for j in at])) % vnode_count

@@ -12,11 +12,13 @@ tuples in the schema's column order; identifiers are always quoted with
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +31,9 @@ from state_store.encoding import line_formatter, row_decoder
 
 SCHEMA = "store"
 COPY_CHUNK = 1 << 20  # bytes per round of COPY data (psycopg2 sends 8 kB by default)
+# lines per piece of a streamed COPY: small enough that Postgres starts parsing early
+# and the last piece (which nothing overlaps) is short, big enough to amortize the calls
+LINES_PER_CHUNK = 2_000
 VNODE, EPOCH, DELETED = "_vnode", "_epoch", "_deleted"
 
 
@@ -44,6 +49,38 @@ def _as_text(name: str, t: ColumnType) -> sql.Composable:
     if t is ColumnType.TIMESTAMPTZ:
         return sql.SQL("({} AT TIME ZONE 'UTC')").format(sql.Identifier(name))
     return sql.Identifier(name)
+
+
+class _LineStream:
+    """A file for ``copy_expert`` that formats its data as it is read, and keeps it
+    (a COPY that fails on a duplicate key is retried as an upsert of the same data)."""
+
+    def __init__(self, chunks: Iterator[str]) -> None:
+        self._chunks = chunks
+        self._read: list[str] = []
+
+    def read(self, size: int = -1) -> str:
+        chunk = next(self._chunks, "")
+        if chunk:
+            self._read.append(chunk)
+        return chunk
+
+    def everything(self) -> str:
+        self._read.extend(self._chunks)
+        return "".join(self._read)
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic GC off while a write builds its (acyclic) tuples and lines: with
+    millions of live rows each collection walks them all, a third of a write's time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 @dataclass(frozen=True)
@@ -77,12 +114,11 @@ class VersionedTable:
         self.key_of: Callable[[Row], Row] = (
             getter if len(self._pk_idx) > 1 else (lambda row: (getter(row),))  # type: ignore[assignment]
         )
-        hasher = vnode_hasher(self._dist_types, schema.vnode_count)
-        dist_in_key = operator.itemgetter(*[self.pk.index(n) for n in schema.distribution_key])
-        if len(schema.distribution_key) > 1:
-            self._vnode_of_key: Callable[[Row], int] = lambda key: hasher(dist_in_key(key))
-        else:
-            self._vnode_of_key = lambda key: hasher((dist_in_key(key),))
+        self._vnode_of_key: Callable[[Row], int] = vnode_hasher(
+            self._dist_types,
+            schema.vnode_count,
+            [self.pk.index(n) for n in schema.distribution_key],
+        )
         self._format_line = line_formatter(
             [schema.column(n).type for n in self.pk],
             [schema.column(n).type for n in self.values],
@@ -142,54 +178,59 @@ class VersionedTable:
     def write(self, cur: Any, epoch: int, versions: Iterable[Version]) -> int:
         """Write versions at ``epoch``; the last write of a key in an epoch wins.
 
-        Fast path: one COPY. When a key already has a version at this epoch (an earlier
-        write of the same epoch) the COPY fails on the unique index and the batch is
-        upserted through a staging table instead.
+        Fast path: one COPY, its lines formatted while Postgres parses the ones sent
+        before (the server's work and ours overlap). When a key already has a version
+        at this epoch (an earlier write of the same epoch) the COPY fails on the unique
+        index and the batch is upserted through a staging table instead.
         """
-        key_of = self.key_of
-        latest = {key_of(v.row): v for v in versions}
-        if not latest:
-            return 0
-        # (vnode, pk) order: the heap then follows the key index, so snapshot reads
-        # (which walk that index) touch neighbouring pages. Bucketing by vnode keeps the
-        # input order inside each bucket, so input already in key order (bulk loads)
-        # sorts in linear time, and the sort compares keys only.
-        vnode_of_key = self._vnode_of_key
-        buckets: dict[int, list[tuple[Row, Version]]] = {}
-        for item in latest.items():
-            vn = vnode_of_key(item[0])
-            bucket = buckets.get(vn)
-            if bucket is None:
-                buckets[vn] = [item]
-            else:
-                bucket.append(item)
+        with _collector_paused():
+            latest = {self.key_of(v.row): v for v in versions}
+            if not latest:
+                return 0
+            stream = _LineStream(self._lines(epoch, latest))
+            cur.execute("SAVEPOINT store_write")
+            try:
+                cur.copy_expert(
+                    sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)),
+                    stream,
+                    size=COPY_CHUNK,
+                )
+            except errors.UniqueViolation:
+                cur.execute("ROLLBACK TO SAVEPOINT store_write")
+                self._upsert(cur, io.StringIO(stream.everything()))
+            cur.execute("RELEASE SAVEPOINT store_write")
+        return len(latest)
+
+    def _lines(self, epoch: int, latest: dict[Row, Version]) -> Iterator[str]:
+        """COPY text of the versions in (vnode, pk) order, in chunks of lines.
+
+        (vnode, pk) order makes the heap follow the key index, so snapshot reads (which
+        walk that index) touch neighbouring pages. Bucketing by vnode keeps the input
+        order inside each bucket, so input already in key order (bulk loads) sorts in
+        linear time, and the sort compares keys only.
+        """
+        buckets: list[list[tuple[Row, Version]]] = [[] for _ in range(self.schema.vnode_count)]
+        appends = [b.append for b in buckets]
+        for vnode, item in zip(map(self._vnode_of_key, latest), latest.items(), strict=True):
+            appends[vnode](item)
         fmt = self._format_line
         live = f"\t{epoch}\tf"
         dead = f"\t{epoch}\tt"
         nulls = self._null_row
         by_key = operator.itemgetter(0)
-        lines = []
-        for vn in sorted(buckets):
-            items = buckets[vn]
+        lines: list[str] = []
+        for vn, items in enumerate(buckets):
+            if not items:
+                continue
             items.sort(key=by_key)
             lines += [
                 fmt(vn, k, dead, nulls) if v.deleted else fmt(vn, k, live, v.row) for k, v in items
             ]
-        buf = io.StringIO("".join(lines))
-        cur.execute("SAVEPOINT store_write")
-        try:
-            buf.seek(0)
-            cur.copy_expert(
-                sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)),
-                buf,
-                size=COPY_CHUNK,
-            )
-        except errors.UniqueViolation:
-            cur.execute("ROLLBACK TO SAVEPOINT store_write")
-            buf.seek(0)
-            self._upsert(cur, buf)
-        cur.execute("RELEASE SAVEPOINT store_write")
-        return len(latest)
+            if len(lines) >= LINES_PER_CHUNK:
+                yield "".join(lines)
+                lines = []
+        if lines:
+            yield "".join(lines)
 
     def write_csv(self, cur: Any, data: bytes) -> None:
         """Write storage-layout rows given as CSV (``_vnode, <pk>, _epoch, _deleted,
@@ -252,51 +293,49 @@ class VersionedTable:
         vnodes: tuple[int, int],
         *,
         after: tuple[int, Row] | None = None,
-        start: tuple[int, Row] | None = None,
         limit: int | None = None,
     ) -> list[tuple[int, Row]]:
-        """Rows visible at ``epoch`` in vnodes ``[lo, hi)``, in (vnode, pk) order.
+        """Rows visible at ``epoch`` in vnodes ``[lo, hi)``, in (vnode, pk) order, after
+        ``after`` = (vnode, pk) if given.
 
-        ``after`` = (vnode, pk) exclusive, ``start`` = (vnode, pk) inclusive.
+        The rest of the bound's vnode is one query, the vnodes after it another, which
+        reads one vnode after the other: a row comparison spanning the vnode column, or
+        a range of vnodes in one scan, make the planner sort everything after the bound
+        to return one page (pages then cost what the rest of the table does).
         """
         lo, hi = vnodes
-        params: list[Any] = [lo, hi, epoch]
-        conds = [
-            sql.SQL("{} >= %s AND {} < %s AND {} <= %s").format(
-                sql.Identifier(VNODE), sql.Identifier(VNODE), sql.Identifier(EPOCH)
-            )
-        ]
-        bound = after if after is not None else start
-        if bound is not None:
-            op = sql.SQL(">") if after is not None else sql.SQL(">=")
-            conds.append(
-                sql.SQL("({}) {} ({})").format(
-                    _ids([VNODE, *self.pk]),
-                    op,
-                    sql.SQL(", ").join(sql.Placeholder() * (1 + len(self.pk))),
-                )
-            )
-            params.extend([bound[0], *bound[1]])
-        inner = sql.SQL(
-            "SELECT DISTINCT ON ({key}) {vn}, {cols}, {dl} FROM {t} WHERE {conds} ORDER BY {key}, {ep} DESC"
+        out: list[tuple[int, Row]] = []
+        if after is not None:
+            after_vnode, after_key = after
+            if after_vnode >= hi:
+                return []
+            if after_vnode >= lo:
+                out = self.snapshot_reads(cur, epoch, [(after_vnode, after_key, limit)])
+                if limit is not None and len(out) >= limit:
+                    return out
+                lo = after_vnode + 1
+        if lo >= hi:
+            return out
+        cols = _ids(self.names)
+        q = sql.SQL(
+            "SELECT v.vn, {xcols} FROM generate_series(%s::int, %s::int) AS v(vn) "
+            "CROSS JOIN LATERAL (SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) {cols}, {dl} "
+            "FROM {t} WHERE {vn} = v.vn AND {ep} <= %s ORDER BY {pk}, {ep} DESC) s "
+            "WHERE NOT {dl} LIMIT %s) x LIMIT %s"
         ).format(
-            key=_ids([VNODE, *self.pk]),
-            vn=sql.Identifier(VNODE),
-            cols=_ids(self.names),
+            xcols=_ids(self.names, "x"),
+            cols=cols,
+            pk=_ids(self.pk),
             dl=sql.Identifier(DELETED),
             t=self.ident,
-            conds=sql.SQL(" AND ").join(conds),
+            vn=sql.Identifier(VNODE),
             ep=sql.Identifier(EPOCH),
         )
-        q = sql.SQL("SELECT {vn}, {cols} FROM ({inner}) s WHERE NOT {dl}").format(
-            vn=sql.Identifier(VNODE), cols=_ids(self.names), inner=inner, dl=sql.Identifier(DELETED)
-        )
-        if limit is not None:
-            q = q + sql.SQL(" LIMIT %s")
-            params.append(limit)
-        cur.execute(q, params)
+        left = None if limit is None else limit - len(out)
+        # a nested loop over the vnodes in order: rows come out in (vnode, pk) order
+        cur.execute(q, [lo, hi - 1, epoch, left, left])
         decode = self._decode
-        return [(r[0], decode(r[1:])) for r in cur.fetchall()]
+        return out + [(r[0], decode(r[1:])) for r in cur.fetchall()]
 
     def snapshot_multi(
         self, cur: Any, epoch: int, starts: Sequence[tuple[int, Row | None]], limit: int

@@ -109,6 +109,15 @@ def _check(
             starts = [(mid_v, table.key_of(mid_row))] + [(v, None) for v in range(mid_v + 1, 8)]
             rest = table.snapshot(cur, e, (0, 8), after=(mid_v, table.key_of(mid_row)))
             assert table.snapshot_multi(cur, e, starts, 1000) == rest
+            # a bound below, inside or above a vnode range: the range's rows after it
+            bound = (mid_v, table.key_of(mid_row))
+            for lo, hi in ((0, mid_v), (mid_v, mid_v + 1), (mid_v, 8), (mid_v + 1, 8)):
+                expected = [
+                    (v, r) for v, r in pages if lo <= v < hi and (v, table.key_of(r)) > bound
+                ]
+                for limit in (None, 1, 2):
+                    got = table.snapshot(cur, e, (lo, hi), after=bound, limit=limit)
+                    assert got == expected[:limit], f"vnodes [{lo}, {hi}) after {bound}"
         readable = [x for x in epochs if x >= gc_epoch]
         for lo in readable:
             for hi in readable:

@@ -6,7 +6,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from backfill_core.schema import ColumnType as T
-from backfill_core.vnode import VnodeBitmap, compute_vnode, encode_key, even_split
+from backfill_core.vnode import (
+    VnodeBitmap,
+    compute_vnode,
+    encode_key,
+    even_split,
+    vnode_hasher,
+)
 
 # (types, values, canonical bytes, vnode of 256): pinned so hashing never drifts
 GOLDEN = [
@@ -42,6 +48,27 @@ def test_equal_values_hash_equal_across_representations() -> None:
     assert compute_vnode([T.TIMESTAMPTZ], [utc], 256) == compute_vnode(
         [T.TIMESTAMPTZ], [plus2], 256
     )
+
+
+@pytest.mark.parametrize(("types", "values", "encoded", "vnode"), GOLDEN)
+def test_fast_hasher_agrees_with_the_golden_values(
+    types: list[T], values: list[object], encoded: str, vnode: int
+) -> None:
+    assert vnode_hasher(types, 256)(values) == vnode
+    # the key's values picked out of a wider tuple (a primary key, a row) by position
+    wide = ["pad", *reversed(values), "pad"]
+    positions = [len(values) - i for i in range(len(values))]
+    assert vnode_hasher(types, 256, positions)(wide) == vnode
+
+
+@given(st.integers(-(2**63), 2**63 - 1), st.text(max_size=8), st.integers(1, 4096))
+def test_fast_hasher_agrees_with_compute_vnode(i: int, s: str, count: int) -> None:
+    for types, values in (([T.BIGINT], [i]), ([T.INT, T.TEXT], [i, s]), ([T.TEXT], [s])):
+        expected = compute_vnode(types, values, count)
+        assert vnode_hasher(types, count)(values) == expected
+        assert vnode_hasher(types, count, [1 + k for k in range(len(values))])([0, *values]) == (
+            expected
+        )
 
 
 @given(st.integers(-(2**63), 2**63 - 1), st.integers(1, 4096))
