@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     spark_epoch_rows: int = Field(
         default=400_000, ge=1, le=1_000_000_000, description="rows one Spark job reads per job"
     )
+    pushdown: bool = Field(
+        default=True,
+        description="run a view that has a SQL form inside Postgres (each Spark task writes "
+        "its snapshot reads with one INSERT ... SELECT) instead of moving the rows through "
+        "Spark; views with jsonb filter leaves always move",
+    )
 
     @field_validator("database_url")
     @classmethod

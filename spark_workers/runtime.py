@@ -67,7 +67,9 @@ class Worker:
                 self.spark.stop()
                 self.spark = None
             if self.spark is None:
-                self.spark = SparkPath(self.settings.spark_master, reg["database_url"])
+                self.spark = SparkPath(
+                    self.settings.spark_master, reg["database_url"], pushdown=self.settings.pushdown
+                )
         log.info("registered as worker %s", self.client.worker_id)
 
     def _heartbeats(self) -> None:

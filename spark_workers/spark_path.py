@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from backfill_core.executors.messages import SnapshotRead
-from backfill_core.schema import coerce_value, value_to_json
+from backfill_core.schema import TableSchema, coerce_value, value_to_json
 
 if TYPE_CHECKING:
     from backfill_core.executors.source import OffsetRead
@@ -41,14 +41,18 @@ log = logging.getLogger(__name__)
 class SparkPath:
     """Owns the worker's one SparkSession (created on first use)."""
 
-    def __init__(self, master: str, dsn: str, *, partitions: int | None = None) -> None:
+    def __init__(
+        self, master: str, dsn: str, *, partitions: int | None = None, pushdown: bool = True
+    ) -> None:
         self.master = master
         self.dsn = dsn
         self.partitions = partitions
+        self.pushdown = pushdown
         self._spark: Any = None
         self._lock = threading.Lock()
         self.jobs = 0
         self.source_jobs = 0  # of which source backfill reads (Kafka ranges)
+        self.pushdown_jobs = 0  # of which table reads run inside Postgres
 
     def session(self) -> Any:
         with self._lock:
@@ -56,9 +60,11 @@ class SparkPath:
                 self._spark = build_session(self.master)
                 from spark_workers.datasource import StoreDataSource
                 from spark_workers.kafka_datasource import KafkaBackfillDataSource
+                from spark_workers.pushdown_source import PushdownDataSource
 
                 self._spark.dataSource.register(StoreDataSource)
                 self._spark.dataSource.register(KafkaBackfillDataSource)
+                self._spark.dataSource.register(PushdownDataSource)
             return self._spark
 
     def warm_up(self) -> None:
@@ -210,25 +216,15 @@ class SparkPath:
             "upstream_schema": first.upstream.schema.to_json(),
             "read_epoch": first.executor.snapshot_epoch,
         }
-        fd, summary_path = tempfile.mkstemp(prefix="backfill-summary-", suffix=".json")
-        os.close(fd)
-        os.unlink(summary_path)
-        try:
-            text = json.dumps(plan)
-            df = spark.read.format("backfill_store").option("plan", text).load()
-            df.write.format("backfill_store").option("plan", text).option(
-                "summary", summary_path
-            ).mode("append").save()
-            with open(summary_path) as f:
-                summary = json.load(f)
-        finally:
-            if os.path.exists(summary_path):
-                os.unlink(summary_path)
+        text = json.dumps(plan)
+        if self.pushdown and has_sql_form(first.job_filter, first.upstream.schema):
+            got = self._pushed_down(spark, text)
+        else:
+            got = self._moved_through_spark(spark, text)
         self.jobs += 1
-        got = summary["vnodes"]
         total = 0
         for r, read in reads:
-            count, last = got.get(str(read.vnode), (0, None))
+            count, last = got.get(read.vnode, (0, None))
             pos = (
                 None
                 if last is None
@@ -237,6 +233,41 @@ class SparkPath:
             r.executor.on_read_summary(read, int(count), pos)
             total += int(count)
         return total
+
+    def _pushed_down(self, spark: Any, plan: str) -> dict[int, tuple[int, Any]]:
+        """The reads run inside Postgres, one statement per Spark task (the view has a
+        SQL form): per vnode, (rows read, last key as JSON)."""
+        from spark_workers.pushdown_source import FORMAT
+
+        self.pushdown_jobs += 1
+        rows = spark.read.format(FORMAT).option("plan", plan).load().collect()
+        return {int(r["vnode"]): (int(r["rows"]), json.loads(r["last"])) for r in rows}
+
+    @staticmethod
+    def _moved_through_spark(spark: Any, plan: str) -> dict[int, tuple[int, Any]]:
+        """The rows stream into Spark and back (COPY csv <-> Arrow), the view applied by
+        the writer's tasks: per vnode, (rows read, last key as JSON)."""
+        fd, summary_path = tempfile.mkstemp(prefix="backfill-summary-", suffix=".json")
+        os.close(fd)
+        os.unlink(summary_path)
+        try:
+            df = spark.read.format("backfill_store").option("plan", plan).load()
+            df.write.format("backfill_store").option("plan", plan).option(
+                "summary", summary_path
+            ).mode("append").save()
+            with open(summary_path) as f:
+                summary = json.load(f)
+        finally:
+            if os.path.exists(summary_path):
+                os.unlink(summary_path)
+        return {int(v): (int(n), last) for v, (n, last) in summary["vnodes"].items()}
+
+
+def has_sql_form(filter_expr: Any, schema: TableSchema) -> bool:
+    """Whether a view with this filter can run inside Postgres (``view_sql``)."""
+    from state_store.view_sql import filter_sql
+
+    return filter_sql(filter_expr, schema, "r") is not None
 
 
 def build_session(master: str, extra_conf: dict[str, str] | None = None) -> Any:

@@ -83,6 +83,21 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+def index_ordered(cur: Any, q: sql.Composable, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Run a snapshot read with sorts disabled: the key index gives its order.
+
+    Past a position, the planner misjudges a vnode's rows and picks a bitmap scan that
+    sorts the vnode's whole rest to return one limited read (a backfill's reads then
+    cost what is left of the table, every epoch). Set for this statement only; an
+    error aborts the transaction, which undoes the setting.
+    """
+    cur.execute("SET LOCAL enable_sort = off")
+    cur.execute(q, params)
+    rows: list[tuple[Any, ...]] = cur.fetchall()
+    cur.execute("SET LOCAL enable_sort TO DEFAULT")
+    return rows
+
+
 @dataclass(frozen=True)
 class Snapshot:
     rows: list[tuple[int, Row]]  # (vnode, row) in (vnode, pk) order
@@ -127,6 +142,12 @@ class VersionedTable:
         self._null_row = (None,) * len(schema.columns)
         self._decode = row_decoder(types)
         self._decode_values = row_decoder([schema.column(n).type for n in self.values])
+        self.decode_key = row_decoder(list(schema.pk_types))
+
+    @property
+    def storage_columns(self) -> list[str]:
+        """The stored table's columns: ``_vnode, <pk>, _epoch, _deleted, <values>``."""
+        return list(self._storage_cols)
 
     # DDL ------------------------------------------------------------------
 
@@ -333,9 +354,7 @@ class VersionedTable:
         )
         left = None if limit is None else limit - len(out)
         # a nested loop over the vnodes in order: rows come out in (vnode, pk) order
-        cur.execute(q, [lo, hi - 1, epoch, left, left])
-        decode = self._decode
-        return out + [(r[0], decode(r[1:])) for r in cur.fetchall()]
+        return out + self._index_ordered(cur, q, [lo, hi - 1, epoch, left, left])
 
     def snapshot_multi(
         self, cur: Any, epoch: int, starts: Sequence[tuple[int, Row | None]], limit: int
@@ -349,9 +368,7 @@ class VersionedTable:
             return []
         q, params = self._snapshot_branches(epoch, [(v, a, limit) for v, a in starts])
         q = sql.SQL("SELECT * FROM ({}) u LIMIT %s").format(q)
-        cur.execute(q, [*params, limit])
-        decode = self._decode
-        return [(r[0], decode(r[1:])) for r in cur.fetchall()]
+        return self._index_ordered(cur, q, [*params, limit])
 
     def snapshot_reads_query(
         self, epoch: int, reads: Sequence[tuple[int, Row | None, int]], *, as_text: bool = False
@@ -409,9 +426,13 @@ class VersionedTable:
         if not reads:
             return []
         q, params = self._snapshot_branches(epoch, reads)
-        cur.execute(q, params)
+        return self._index_ordered(cur, q, params)
+
+    def _index_ordered(
+        self, cur: Any, q: sql.Composable, params: list[Any]
+    ) -> list[tuple[int, Row]]:
         decode = self._decode
-        return [(r[0], decode(r[1:])) for r in cur.fetchall()]
+        return [(r[0], decode(r[1:])) for r in index_ordered(cur, q, params)]
 
     def change_log(
         self, cur: Any, epoch: int, vnodes: tuple[int, int] | Sequence[int]

@@ -58,7 +58,19 @@ def spark_cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Clien
         yield c
 
 
-def test_every_type_round_trips_through_spark(spark_cluster: tuple[httpx.Client, Worker]) -> None:
+CHEAP = {"or": [{"col": "price", "op": "<", "value": "1000.5"}, {"col": "price", "op": "is_null"}]}
+# the same rows, through a jsonb leaf (true of every row): no SQL form, the rows move
+CHEAP_WITH_JSONB = {"and": [CHEAP, {"not": {"col": "doc", "op": "=", "value": {"never": 1}}}]}
+
+
+@pytest.mark.parametrize(
+    ("view_filter", "pushed_down"),
+    [(CHEAP, True), (CHEAP_WITH_JSONB, False)],
+    ids=["inside Postgres", "rows through Spark"],
+)
+def test_every_type_round_trips_through_spark(
+    spark_cluster: tuple[httpx.Client, Worker], view_filter: dict[str, Any], pushed_down: bool
+) -> None:
     http, worker = spark_cluster
     r = http.post("/v1/tables", json={"name": "things", "columns": COLUMNS, "primary_key": ["id"]})
     assert r.status_code == 201, r.text
@@ -71,12 +83,7 @@ def test_every_type_round_trips_through_spark(spark_cluster: tuple[httpx.Client,
         "name": "cheap_things",
         "upstream": {"table": "things"},
         "columns": [c["name"] for c in COLUMNS if c["name"] != "qty"],
-        "filter": {
-            "or": [
-                {"col": "price", "op": "<", "value": "1000.5"},
-                {"col": "price", "op": "is_null"},
-            ]
-        },
+        "filter": view_filter,
         "parallelism": 2,
     }
     r = http.post("/v1/jobs", json=body)
@@ -91,6 +98,10 @@ def test_every_type_round_trips_through_spark(spark_cluster: tuple[httpx.Client,
     assert v["equal"], v
     assert v["mv_rows"] > 1_000
     assert worker.spark is not None and worker.spark.jobs >= 2  # several epochs went through Spark
+    if pushed_down:
+        assert worker.spark.pushdown_jobs == worker.spark.jobs
+    else:
+        assert worker.spark.pushdown_jobs == 0
     rows = http.get("/v1/tables/cheap_things/rows", params={"limit": 1_000}).json()["rows"]
     one = next(r for r in rows if r["id"] == 1)
     assert one["label"] == "tab\there\nnew line \\ 1 ünï" and one["doc"]["k"] == 1

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg2
 import pytest
 from fastapi.testclient import TestClient
 
+from service import migrate
 from service.api.app import create_app
 from service.db import Database
 from service.meta.loop import MetaLoop
@@ -21,3 +24,14 @@ def manual(db: Database, fresh_db_url: str) -> Iterator[tuple[TestClient, MetaLo
     loop = MetaLoop(settings, db)
     with api_client(create_app(settings, db)) as client:
         yield client, loop
+
+
+@pytest.fixture(scope="module")
+def conn(pg_server_url: str) -> Iterator[Any]:
+    """A psycopg2 connection to a migrated catalog, shared by a module's examples."""
+    db = Database(pg_server_url)
+    migrate.upgrade(db.engine)
+    c = psycopg2.connect(db.libpq_url)
+    yield c
+    c.close()
+    db.close()

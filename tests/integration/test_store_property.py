@@ -9,18 +9,13 @@ above the GC horizon are compared with the model.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg2
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
-from service import migrate
-from service.db import Database
 from state_store.versioned import VersionedTable
 from tests.kit.store_model import StoreModel
 
@@ -63,16 +58,6 @@ steps = st.lists(
     min_size=1,
     max_size=14,
 )
-
-
-@pytest.fixture(scope="module")
-def conn(pg_server_url: str) -> Iterator[Any]:
-    db = Database(pg_server_url)
-    migrate.upgrade(db.engine)
-    c = psycopg2.connect(db.libpq_url)
-    yield c
-    c.close()
-    db.close()
 
 
 def _to_versions(raw: list[tuple[tuple[int, str], bool, int, str | None]]) -> list[Version]:
