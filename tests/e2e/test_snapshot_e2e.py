@@ -199,3 +199,68 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
                 p.terminate()
                 p.wait(timeout=30)
         server.__exit__(None, None, None)
+
+
+def test_snapshot_backfill_survives_kill_9_while_it_replays_its_log_store(
+    db: Database, fresh_db_url: str
+) -> None:
+    settings = Settings(
+        database_url=fresh_db_url,
+        barrier_interval_ms=20,  # many upstream epochs queue while the snapshot is read
+        max_pending_barriers=2,  # and are replayed a few at a time: a window for the kill
+        worker_lease_ms=1_000,
+        spawn_embedded_worker=False,
+        gc_retention_ms=3_600_000,  # the replayed epochs are checked afterwards
+    )
+    backfill = str(Path(sys.executable).parent / "backfill")
+    first = second = None
+    with live_server(settings, db) as url, http_client(url, timeout=60) as http:
+        load(http, 10_000)
+        writer = Writer(http, "orders", 10_000, seed=23)
+        writer.thread.start()
+        try:
+            first = subprocess.Popen(
+                [backfill, "worker", "--control-plane", url, "--name", "replayer"]
+            )
+            # phase 1 takes seconds (rate limited): hundreds of upstream epochs to replay
+            job = create_job(http, "replay_survivor", "snapshot", rate_limit=1_000)
+            snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
+
+            def replaying_with_epochs_to_go() -> bool:
+                p = progress(http, job)
+                assert p["state"] == "creating", p["state"]
+                # some upstream epochs replayed and committed, many still to go
+                return (
+                    p["phase"] == "log_store"
+                    and p["committed_epoch"] > snapshot_epoch
+                    and (p["log_store_lag_epochs"] or 0) >= 10
+                )
+
+            wait_for(replaying_with_epochs_to_go, what="replaying its log store")
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=30)
+            # the dead worker can neither replay further nor merge: the kill hit phase 2
+            killed_at = progress(http, job)
+            assert killed_at["state"] == "creating" and killed_at["phase"] == "log_store"
+            assert killed_at["committed_epoch"] > snapshot_epoch
+            second = subprocess.Popen(
+                [backfill, "worker", "--control-plane", url, "--name", "heir"]
+            )
+            wait_created(http, job)
+            assert_exact(http, job)
+        finally:
+            writer.stop.set()
+            writer.thread.join(timeout=30)
+            for p in (second, first):
+                if p is not None and p.poll() is None:
+                    p.terminate()
+                    p.wait(timeout=30)
+        stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
+        assert "event: recovered" in stream and "event: created" in stream
+        # exact at the epochs replayed before and after the kill (a spread of them)
+        finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
+        replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
+        assert any(e <= killed_at["committed_epoch"] for e in replayed)
+        assert any(e > killed_at["committed_epoch"] for e in replayed)
+        step = max(1, len(replayed) // 30)
+        assert_exact_at(http, job, [snapshot_epoch, *replayed[::step], replayed[-1], finished])
