@@ -201,7 +201,7 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
         server.__exit__(None, None, None)
 
 
-def test_snapshot_backfill_survives_kill_9_while_it_replays_its_log_store(
+def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_log_store(
     db: Database, fresh_db_url: str
 ) -> None:
     settings = Settings(
@@ -213,54 +213,69 @@ def test_snapshot_backfill_survives_kill_9_while_it_replays_its_log_store(
         gc_retention_ms=3_600_000,  # the replayed epochs are checked afterwards
     )
     backfill = str(Path(sys.executable).parent / "backfill")
+    with socket.socket() as sock:  # a port of our own, so the restarted server keeps it
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = live_server(settings, db, port)
+    url = server.__enter__()
     first = second = None
-    with live_server(settings, db) as url, http_client(url, timeout=60) as http:
-        load(http, 10_000)
-        writer = Writer(http, "orders", 10_000, seed=23)
-        writer.thread.start()
-        try:
-            first = subprocess.Popen(
-                [backfill, "worker", "--control-plane", url, "--name", "replayer"]
-            )
-            # phase 1 takes seconds (rate limited): hundreds of upstream epochs to replay
-            job = create_job(http, "replay_survivor", "snapshot", rate_limit=1_000)
-            snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
-
-            def replaying_with_epochs_to_go() -> bool:
-                p = progress(http, job)
-                assert p["state"] == "creating", p["state"]
-                # some upstream epochs replayed and committed, many still to go
-                return (
-                    p["phase"] == "log_store"
-                    and p["committed_epoch"] > snapshot_epoch
-                    and (p["log_store_lag_epochs"] or 0) >= 10
+    try:
+        with http_client(url, timeout=60) as http:
+            load(http, 10_000)
+            writer = Writer(http, "orders", 10_000, seed=23)
+            writer.thread.start()
+            try:
+                first = subprocess.Popen(
+                    [backfill, "worker", "--control-plane", url, "--name", "replayer"]
                 )
+                # phase 1 takes seconds (rate limited): many upstream epochs to replay
+                job = create_job(http, "replay_survivor", "snapshot", rate_limit=1_000)
+                snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
 
-            wait_for(replaying_with_epochs_to_go, what="replaying its log store")
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=30)
-            # the dead worker can neither replay further nor merge: the kill hit phase 2
-            killed_at = progress(http, job)
-            assert killed_at["state"] == "creating" and killed_at["phase"] == "log_store"
-            assert killed_at["committed_epoch"] > snapshot_epoch
-            second = subprocess.Popen(
-                [backfill, "worker", "--control-plane", url, "--name", "heir"]
-            )
-            wait_created(http, job)
-            assert_exact(http, job)
-        finally:
-            writer.stop.set()
-            writer.thread.join(timeout=30)
-            for p in (second, first):
-                if p is not None and p.poll() is None:
-                    p.terminate()
-                    p.wait(timeout=30)
-        stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
-        assert "event: recovered" in stream and "event: created" in stream
-        # exact at the epochs replayed before and after the kill (a spread of them)
-        finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
-        replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
-        assert any(e <= killed_at["committed_epoch"] for e in replayed)
-        assert any(e > killed_at["committed_epoch"] for e in replayed)
-        step = max(1, len(replayed) // 30)
-        assert_exact_at(http, job, [snapshot_epoch, *replayed[::step], replayed[-1], finished])
+                def replaying_with_epochs_to_go() -> bool:
+                    p = progress(http, job)
+                    assert p["state"] == "creating", p["state"]
+                    # an epoch with writes replayed and committed, more still to go
+                    done = p["committed_epoch"]
+                    return (
+                        p["phase"] == "log_store"
+                        and any(snapshot_epoch < e <= done for e in list(writer.epochs))
+                        and (p["log_store_lag_epochs"] or 0) >= 10
+                    )
+
+                wait_for(replaying_with_epochs_to_go, what="replaying its log store")
+                first.send_signal(signal.SIGKILL)
+                first.wait(timeout=30)
+                # the dead worker can neither replay further nor merge: the kill hit phase 2
+                killed_at = progress(http, job)
+                assert killed_at["state"] == "creating" and killed_at["phase"] == "log_store"
+                assert killed_at["committed_epoch"] > snapshot_epoch
+                # and the control plane goes away and comes back meanwhile
+                with writer.paused():
+                    server.__exit__(None, None, None)
+                    server = live_server(settings, db, port)
+                    assert server.__enter__() == url
+                assert progress(http, job)["phase"] == "log_store"
+                second = subprocess.Popen(
+                    [backfill, "worker", "--control-plane", url, "--name", "heir"]
+                )
+                wait_created(http, job)
+                assert_exact(http, job)
+            finally:
+                writer.stop.set()
+                writer.thread.join(timeout=30)
+            stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
+            assert "event: recovered" in stream and "event: created" in stream
+            # exact at the epochs replayed before and after the kill (a spread of them)
+            finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
+            replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
+            assert any(e <= killed_at["committed_epoch"] for e in replayed)
+            assert any(e > killed_at["committed_epoch"] for e in replayed)
+            step = max(1, len(replayed) // 30)
+            assert_exact_at(http, job, [snapshot_epoch, *replayed[::step], replayed[-1], finished])
+    finally:
+        for p in (second, first):
+            if p is not None and p.poll() is None:
+                p.terminate()
+                p.wait(timeout=30)
+        server.__exit__(None, None, None)
