@@ -18,6 +18,7 @@ scheduling, more than reading a few thousand rows directly.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -60,11 +61,9 @@ class SparkPath:
                 self._spark = build_session(self.master)
                 from spark_workers.datasource import StoreDataSource
                 from spark_workers.kafka_datasource import KafkaBackfillDataSource
-                from spark_workers.pushdown_source import PushdownDataSource
 
                 self._spark.dataSource.register(StoreDataSource)
                 self._spark.dataSource.register(KafkaBackfillDataSource)
-                self._spark.dataSource.register(PushdownDataSource)
             return self._spark
 
     def warm_up(self) -> None:
@@ -96,6 +95,7 @@ class SparkPath:
             df.write.format("backfill_store").option("plan", plan).option(
                 "summary", os.path.join(tmp, "summary.json")
             ).mode("append").save()
+        self._pushed_down(spark, plan, n)  # the tasks' modules imported in every worker
 
     def stop(self) -> None:
         with self._lock:
@@ -218,7 +218,8 @@ class SparkPath:
         }
         text = json.dumps(plan)
         if self.pushdown and has_sql_form(first.job_filter, first.upstream.schema):
-            got = self._pushed_down(spark, text)
+            self.pushdown_jobs += 1
+            got = self._pushed_down(spark, text, n_parts)
         else:
             got = self._moved_through_spark(spark, text)
         self.jobs += 1
@@ -234,14 +235,14 @@ class SparkPath:
             total += int(count)
         return total
 
-    def _pushed_down(self, spark: Any, plan: str) -> dict[int, tuple[int, Any]]:
+    def _pushed_down(self, spark: Any, plan: str, groups: int) -> dict[int, tuple[int, Any]]:
         """The reads run inside Postgres, one statement per Spark task (the view has a
         SQL form): per vnode, (rows read, last key as JSON)."""
-        from spark_workers.pushdown_source import FORMAT
+        from spark_workers.pushdown_tasks import run_group
 
-        self.pushdown_jobs += 1
-        rows = spark.read.format(FORMAT).option("plan", plan).load().collect()
-        return {int(r["vnode"]): (int(r["rows"]), json.loads(r["last"])) for r in rows}
+        tasks = spark.sparkContext.parallelize(range(groups), groups)
+        rows = tasks.flatMap(functools.partial(run_group, plan)).collect()
+        return {int(v): (int(n), json.loads(last)) for v, n, last in rows}
 
     @staticmethod
     def _moved_through_spark(spark: Any, plan: str) -> dict[int, tuple[int, Any]]:

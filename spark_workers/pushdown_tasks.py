@@ -1,0 +1,57 @@
+"""Pushed-down snapshot reads as Spark tasks: one task per group of vnodes runs the
+group's reads as one ``state_store.pushdown.write_view`` statement, under the same
+fence and at the same epochs as the ``backfill_store`` writer, and returns what the
+executors account for, per vnode: ``(vnode, rows read, last key read as JSON)``.
+
+The plan is ``datasource.Plan`` (the same JSON as the rows-moving path): only where
+the view is evaluated differs. The rows never leave Postgres, so a backfill costs the
+server what an ``INSERT ... SELECT`` does, spread over Spark's tasks. No rows flow
+through Spark either, so the tasks are a plain RDD job over the groups: a Python Data
+Source would add its planning round trips (measured: about 0.35 s against 0.13 s per
+job) for nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from backfill_core.schema import value_to_json
+from service.db import NO_JIT
+from spark_workers.datasource import Plan, _fence
+
+
+def run_group(plan_text: str, index: int) -> list[tuple[int, int, str]]:
+    """Run group ``index`` of the plan's reads inside Postgres (a Spark task's body)."""
+    import psycopg2
+
+    from state_store.pushdown import READ, write_view
+    from state_store.versioned import VersionedTable
+    from state_store.view_sql import filter_sql
+
+    plan = Plan.from_json(plan_text)
+    reads = [(v, plan.pk_from_json(a), n) for v, a, n in plan.partitions[index]]
+    if not reads:
+        return []
+    where = filter_sql(plan.filter, plan.upstream_schema, READ)
+    if where is None:
+        raise ValueError("this view has no SQL form; the driver should not push it down")
+    upstream = VersionedTable(plan.upstream_table, plan.upstream_schema)
+    mv = VersionedTable(plan.mv_table, plan.mv_schema)
+    conn: Any = psycopg2.connect(plan.dsn, options=NO_JIT)
+    try:
+        with conn.cursor() as cur:
+            _fence(cur, plan.graph_id, plan.recovery_seq)
+            # one process per branch keeps each vnode's rows in key order
+            cur.execute("SET LOCAL max_parallel_workers_per_gather = 0")
+            # the rows read are kept once for the write and the summary: in memory
+            cur.execute("SET LOCAL work_mem = '64MB'")
+            summary = write_view(cur, upstream, mv, plan.read_epoch, reads, where, plan.write_epoch)
+        conn.commit()
+    finally:
+        conn.close()
+    types = plan.upstream_schema.pk_types
+    return [
+        (vnode, count, json.dumps([value_to_json(t, x) for t, x in zip(types, last, strict=True)]))
+        for vnode, (count, last) in summary.items()
+    ]
