@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+from service import heap
 from service.settings import SettingsError, load_settings
 
 
@@ -56,6 +57,7 @@ async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # t
         url = f"http://{settings.host}:{port}"
         app.state.ctx.base_url = url
         print(f"backfill control plane ready at {url}", flush=True)
+        heap.settle_after_start()
         if on_ready is not None:
             try:
                 await on_ready(url, app.state.ctx)
