@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+from service import heap
 from service.settings import SettingsError, load_settings
 
 
@@ -56,6 +57,7 @@ async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # t
         url = f"http://{settings.host}:{port}"
         app.state.ctx.base_url = url
         print(f"backfill control plane ready at {url}", flush=True)
+        heap.settle_after_start()
         if on_ready is not None:
             try:
                 await on_ready(url, app.state.ctx)
@@ -73,7 +75,13 @@ def _exit_cleanly_on_sigterm() -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings_or_exit(host=args.host, port=args.port, data_dir=args.data_dir)
     _exit_cleanly_on_sigterm()
-    asyncio.run(_serve(settings))
+    import uvloop
+
+    # uvloop's event loop (and httptools' parser, which uvicorn picks when installed) do
+    # in C what asyncio and h11 do in Python on the thread that answers every request:
+    # the GIL it holds is what the request threads and the barrier loop wait for
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(_serve(settings))
     return 0
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy import Engine, create_engine, text
+import psycopg2
+from sqlalchemy import Engine, Executable, Row, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
@@ -44,6 +47,20 @@ class Database:
         """A session in one transaction: committed on success, rolled back on error."""
         with self.sessions() as session, session.begin():
             yield session
+
+    def first_alone(self, statement: Executable, params: dict[str, Any]) -> Row[Any] | None:
+        """The first row of one read-only statement run outside a transaction (a
+        statement reads one snapshot anyway): no BEGIN before it and no ROLLBACK after,
+        two round trips fewer, for reads that pollers make many times a second."""
+        with self.engine.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            dbapi.autocommit = True
+            try:
+                return conn.execute(statement, params).first()
+            finally:
+                with contextlib.suppress(psycopg2.InterfaceError):  # closed: invalidated
+                    dbapi.autocommit = False  # as the pool hands connections out
 
     def ping(self) -> bool:
         try:

@@ -6,9 +6,9 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import migrate
 from service.api import dashboard, events, health, jobs, metrics, sources, tables, workers
@@ -78,7 +78,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     if authority is not None:  # outside the body limit: anonymous bodies are never read
         app.add_middleware(BearerAuth, authority=authority, open_paths=settings.open_paths)
         document_security(app, settings.open_paths)
-    app.middleware("http")(_measure)  # outermost: counts the 413s too
+    app.add_middleware(MeasureRequests)  # outermost: counts the 401s and 413s too
     app.include_router(health.router)
     app.include_router(tables.router)
     app.include_router(sources.router)
@@ -90,18 +90,33 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     return app
 
 
-async def _measure(request: Request, call_next: Any) -> Any:
-    """Count and time requests per route template (never per raw path: ids would
-    make every job its own time series)."""
-    started = time.perf_counter()
-    status = 500
-    try:
-        response = await call_next(request)
-        status = response.status_code
-        return response
-    finally:
-        route = request.scope.get("route")
-        template = getattr(route, "path", "unmatched")
-        method = request.method
-        meta_metrics.HTTP_REQUESTS.labels(template, method, str(status)).inc()
-        meta_metrics.HTTP_LATENCY.labels(template, method).observe(time.perf_counter() - started)
+class MeasureRequests:
+    """Pure ASGI middleware (no task and no stream per request, unlike Starlette's
+    ``BaseHTTPMiddleware``): count and time requests per route template (never per raw
+    path: ids would make every job its own time series)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            template = getattr(scope.get("route"), "path", "unmatched")
+            method = scope["method"]
+            meta_metrics.HTTP_REQUESTS.labels(template, method, str(status)).inc()
+            meta_metrics.HTTP_LATENCY.labels(template, method).observe(
+                time.perf_counter() - started
+            )

@@ -125,10 +125,9 @@ def _log_store_lag(row: Any) -> LogStoreLag | None:
 
 
 def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
-    with db.engine.connect() as conn:
-        row = conn.execute(
-            _PROGRESS, {"job": job_id, "main": MAIN_GRAPH_ID, "recent": RECENT_RECOVERIES}
-        ).first()
+    row = db.first_alone(
+        _PROGRESS, {"job": job_id, "main": MAIN_GRAPH_ID, "recent": RECENT_RECOVERIES}
+    )
     if row is None:
         raise NotFound(f"job {job_id} does not exist", {"id": job_id})
     kept = (

@@ -171,3 +171,15 @@ def test_the_total_is_fixed_when_the_job_starts(client: TestClient, db: Database
     assert total == 1_000
     insert(1_000, 5_000)
     assert client.get(f"/v1/jobs/{job}/progress").json()["total_estimate"] == total
+
+
+def test_a_lone_read_runs_outside_a_transaction_and_leaves_pooled_connections_as_they_were(
+    db: Database,
+) -> None:
+    """Progress reads run alone (no BEGIN, no ROLLBACK): the statement's own transaction
+    starts with it. Connections the pool hands out afterwards are transactional again."""
+    alone = db.first_alone(text("SELECT now() = statement_timestamp() AS own, :x AS x"), {"x": 7})
+    assert alone is not None and alone.own and alone.x == 7
+    with db.engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+        assert not conn.execute(text("SELECT now() = statement_timestamp()")).scalar()
