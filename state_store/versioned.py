@@ -91,8 +91,8 @@ def index_ordered(cur: Any, q: sql.Composable, params: Sequence[Any]) -> list[tu
     cost what is left of the table, every epoch). Set for this statement only; an
     error aborts the transaction, which undoes the setting.
     """
-    cur.execute("SET LOCAL enable_sort = off")
-    cur.execute(q, params)
+    # one round trip for the setting and the read (the last statement's rows come back)
+    cur.execute(sql.SQL("SET LOCAL enable_sort = off; ") + q, params)
     rows: list[tuple[Any, ...]] = cur.fetchall()
     cur.execute("SET LOCAL enable_sort TO DEFAULT")
     return rows
