@@ -5,7 +5,6 @@ graph; exact at every epoch it replayed, and after recoveries in either phase.""
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from tests.kit.e2e import (
     wait_created,
     wait_for,
 )
-from tests.kit.live import live_server
+from tests.kit.live import RestartableServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -142,11 +141,8 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
         gc_retention_ms=0,  # garbage collection keeps only what pins and readers need
     )
     backfill = str(Path(sys.executable).parent / "backfill")
-    with socket.socket() as sock:  # a port of our own, so the restarted server keeps it
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = live_server(settings, db, port)
-    url = server.__enter__()
+    server = RestartableServer(settings, db)
+    url = server.__enter__().url
     first = second = None
     try:
         with http_client(url, timeout=60) as http:
@@ -178,9 +174,7 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
                 assert r.status_code == 200, r.text
                 # the control plane goes away and comes back on the same address
                 with writer.paused():
-                    server.__exit__(None, None, None)
-                    server = live_server(settings, db, port)
-                    assert server.__enter__() == url
+                    server.restart()
                 wait_created(http, job)
                 assert_exact(http, job)
             finally:
@@ -198,7 +192,7 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
             if p is not None and p.poll() is None:
                 p.terminate()
                 p.wait(timeout=30)
-        server.__exit__(None, None, None)
+        server.__exit__()
 
 
 def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_log_store(
@@ -213,11 +207,8 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
         gc_retention_ms=3_600_000,  # the replayed epochs are checked afterwards
     )
     backfill = str(Path(sys.executable).parent / "backfill")
-    with socket.socket() as sock:  # a port of our own, so the restarted server keeps it
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = live_server(settings, db, port)
-    url = server.__enter__()
+    server = RestartableServer(settings, db)
+    url = server.__enter__().url
     first = second = None
     try:
         with http_client(url, timeout=60) as http:
@@ -252,9 +243,7 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
                 assert killed_at["committed_epoch"] > snapshot_epoch
                 # and the control plane goes away and comes back meanwhile
                 with writer.paused():
-                    server.__exit__(None, None, None)
-                    server = live_server(settings, db, port)
-                    assert server.__enter__() == url
+                    server.restart()
                 assert progress(http, job)["phase"] == "log_store"
                 second = subprocess.Popen(
                     [backfill, "worker", "--control-plane", url, "--name", "heir"]
@@ -278,4 +267,4 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
             if p is not None and p.poll() is None:
                 p.terminate()
                 p.wait(timeout=30)
-        server.__exit__(None, None, None)
+        server.__exit__()

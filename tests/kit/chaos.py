@@ -19,7 +19,6 @@ import itertools
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from service.embedded_pg import EmbeddedPostgres, to_libpq_url
 from tests.kit.chaos_plan import Fault, Scenario, draw
 from tests.kit.e2e import wait_for
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka, Producer, mock_kafka
+from tests.kit.live import free_port
 
 TABLE, SOURCE = "chaos_up", "chaos_source"
 ADMIN_TOKEN, WORKER_TOKEN = "chaos-admin-token", "chaos-worker-token"
@@ -65,9 +65,7 @@ class Processes:
 
     def __init__(self, scenario: Scenario, database_url: str, workdir: Path) -> None:
         self.scenario, self.workdir = scenario, workdir
-        with socket.socket() as sock:  # one port for every incarnation of the control plane
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()  # one port for every incarnation of the control plane
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = os.environ | {
             "BACKFILL_DATABASE_URL": database_url,

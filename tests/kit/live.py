@@ -23,6 +23,13 @@ from service.db import Database
 from service.settings import Settings
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a server that restarts on it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 @contextmanager
 def live_server(settings: Settings, db: Database | None = None, port: int = 0) -> Iterator[str]:
     """``port`` 0 picks a free one; give the same one again to restart "the" control plane."""
@@ -42,6 +49,30 @@ def live_server(settings: Settings, db: Database | None = None, port: int = 0) -
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+class RestartableServer:
+    """``live_server`` on a port of its own, so that ``restart`` brings "the" control
+    plane back at the same address (clients and workers keep their URL)."""
+
+    def __init__(self, settings: Settings, db: Database | None = None) -> None:
+        self.settings, self.db, self.port = settings, db, free_port()
+        self._server: Any = None
+        self.url = ""
+
+    def __enter__(self) -> RestartableServer:
+        self._server = live_server(self.settings, self.db, self.port)
+        self.url = self._server.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.__exit__(None, None, None)
+
+    def restart(self) -> None:
+        url = self.url
+        self.__exit__()
+        self.__enter__()
+        assert self.url == url, (self.url, url)
 
 
 BACKFILL = str(Path(sys.executable).with_name("backfill"))
@@ -79,9 +110,7 @@ def server_process(database_url: str, **settings: Any) -> Iterator[str]:
     for benches, where a server sharing the load generator's GIL measures the harness.
     ``settings`` become ``BACKFILL_*`` variables; the test tokens come from the
     environment (``use_test_tokens``)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     env = os.environ | {
         "BACKFILL_DATABASE_URL": database_url,
         "BACKFILL_SPAWN_EMBEDDED_WORKER": "false",
