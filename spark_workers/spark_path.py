@@ -266,9 +266,10 @@ class SparkPath:
 
 def has_sql_form(filter_expr: Any, schema: TableSchema) -> bool:
     """Whether a view with this filter can run inside Postgres (``view_sql``)."""
+    from state_store.pushdown import READ
     from state_store.view_sql import filter_sql
 
-    return filter_sql(filter_expr, schema, "r") is not None
+    return filter_sql(filter_expr, schema, READ) is not None
 
 
 def build_session(master: str, extra_conf: dict[str, str] | None = None) -> Any:

@@ -18,7 +18,7 @@ from psycopg2 import errors, sql
 
 from backfill_core.changes import Row
 from backfill_core.schema import ColumnType
-from state_store.versioned import VersionedTable, index_ordered
+from state_store.versioned import VNODE, VersionedTable, index_ordered
 
 READ = "r"  # the alias of the rows read, which the view's condition refers to
 _HAS_MAX = {
@@ -63,21 +63,13 @@ def write_view(
         mv=mv.ident,
         cols=sql.SQL(", ").join(sql.Identifier(c) for c in mv.storage_columns),
         r=sql.Identifier(READ),
-        vn=sql.Identifier("_vnode"),
+        vn=sql.Identifier(VNODE),
         pk=sql.SQL(", ").join(sql.Identifier(READ, c) for c in mv.schema.primary_key),
         epoch=sql.Literal(write_epoch),
         values=sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(READ, c)) for c in mv_values),
         where=where,
     )
-    upsert = insert + sql.SQL(" ON CONFLICT ({key}) DO UPDATE SET {sets}").format(
-        key=sql.SQL(", ").join(
-            sql.Identifier(c) for c in ["_vnode", *mv.schema.primary_key, "_epoch"]
-        ),
-        sets=sql.SQL(", ").join(
-            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
-            for c in ["_deleted", *mv_values]
-        ),
-    )
+    upsert = insert + mv.last_write_wins
     keys = sql.SQL(", ").join(sql.Identifier(c) for c in pk)
     if len(pk) == 1 and upstream.schema.pk_types[0] in _HAS_MAX:
         # max in the key's own order (and collation): what the index and the reads follow

@@ -288,21 +288,23 @@ class VersionedTable:
             ),
             buf,
         )
-        conflict = _ids([VNODE, *self.pk, EPOCH])
-        updates = sql.SQL(", ").join(
-            sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in [DELETED, *self.values]
-        )
         cur.execute(
-            sql.SQL(
-                "INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) DO UPDATE SET {}"
-            ).format(
-                self.ident,
-                _ids(self._storage_cols),
-                _ids(self._storage_cols),
-                staging,
-                conflict,
-                updates,
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+                self.ident, _ids(self._storage_cols), _ids(self._storage_cols), staging
             )
+            + self.last_write_wins
+        )
+
+    @property
+    def last_write_wins(self) -> sql.Composed:
+        """The ``ON CONFLICT`` clause of an insert into this table: a key that already
+        has a version at the epoch written gets the new one (the store's write rule)."""
+        return sql.SQL(" ON CONFLICT ({}) DO UPDATE SET {}").format(
+            _ids([VNODE, *self.pk, EPOCH]),
+            sql.SQL(", ").join(
+                sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c))
+                for c in [DELETED, *self.values]
+            ),
         )
 
     # reads ----------------------------------------------------------------
