@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service import migrate
 from service.api import dashboard, events, health, jobs, metrics, sources, tables, workers
 from service.api.auth import BearerAuth, configured_tokens, document_security
+from service.api.bodies import document_raw_bodies
 from service.api.errors import install_error_handlers
 from service.api.limits import BodySizeLimit
 from service.catalog.tokens import EMBEDDED_WORKER, TokenAuthority
@@ -87,6 +88,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     app.include_router(workers.router)
     app.include_router(metrics.router)
     app.include_router(dashboard.router)
+    document_raw_bodies(app, workers.RAW_BODY_MODELS)
     return app
 
 

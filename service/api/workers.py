@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, Field
 
+from service.api.bodies import RawBody, parse_body, raw_body_openapi
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
@@ -88,6 +89,10 @@ class CollectBatch(RequestBody):
     collects: list[CollectRequest] = Field(min_length=1, max_length=1000)
 
 
+# collect bodies are parsed on the request's thread, not the event loop (api.bodies)
+RAW_BODY_MODELS: list[type[BaseModel]] = [CollectRequest, CollectBatch]
+
+
 class CollectBatchResponse(BaseModel):
     results: list[CollectResponse]
 
@@ -131,15 +136,24 @@ def poll(
     )
 
 
-@router.post("/{worker_id}/collect", response_model=CollectResponse)
-def collect(worker_id: int, body: CollectRequest, ctx: Ctx) -> CollectResponse:
-    [r] = _collect(ctx, worker_id, [body])
+@router.post(
+    "/{worker_id}/collect",
+    response_model=CollectResponse,
+    openapi_extra=raw_body_openapi(CollectRequest),
+)
+def collect(worker_id: int, raw: RawBody, ctx: Ctx) -> CollectResponse:
+    [r] = _collect(ctx, worker_id, [parse_body(CollectRequest, raw)])
     return r
 
 
-@router.post("/{worker_id}/collects", response_model=CollectBatchResponse)
-def collect_batch(worker_id: int, body: CollectBatch, ctx: Ctx) -> CollectBatchResponse:
+@router.post(
+    "/{worker_id}/collects",
+    response_model=CollectBatchResponse,
+    openapi_extra=raw_body_openapi(CollectBatch),
+)
+def collect_batch(worker_id: int, raw: RawBody, ctx: Ctx) -> CollectBatchResponse:
     """Several collects in one request and one transaction (all or nothing)."""
+    body = parse_body(CollectBatch, raw)
     return CollectBatchResponse(results=_collect(ctx, worker_id, body.collects))
 
 

@@ -135,11 +135,15 @@ def _job_spec(job: Job, rels: dict[int, Relation], srcs: dict[int, Source]) -> d
 
 
 # The barriers waiting for one of a worker's actors: in its graph, within its lifetime,
-# not collected by it yet.
+# not committed (a commit needs every actor's collect) and not collected by it yet. The
+# state test keeps this to the barriers in flight: the graph's committed history is
+# kept for a while (and, while a snapshot backfill may replay it, as long as that
+# takes, without the collects), and every poll walked all of it.
 _READY_FROM = """
     FROM actors a
     JOIN barriers b ON b.graph_id = a.graph_id AND b.curr_epoch >= a.first_epoch
       AND (a.last_epoch IS NULL OR b.curr_epoch <= a.last_epoch)
+      AND b.state IN ('inflight', 'collected')
     WHERE a.worker_id = :w
       AND NOT EXISTS (SELECT 1 FROM barrier_collects c
                       WHERE c.actor_id = a.id AND c.curr_epoch = b.curr_epoch)

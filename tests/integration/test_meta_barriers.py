@@ -15,6 +15,7 @@ from service.api.app import create_app
 from service.catalog import tables
 from service.catalog.models import Worker
 from service.db import Database, raw_cursor
+from service.meta import barriers
 from service.meta.loop import MetaLoop
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
@@ -47,6 +48,31 @@ def test_barriers_commit_only_when_every_actor_collected(
     with db.engine.connect() as conn:
         rows = conn.execute(text("SELECT count(*), min(epoch) FROM vnode_progress")).one()
     assert rows == (16, second.prev_epoch)  # progress of all 16 vnodes committed with the epoch
+
+
+def test_committed_history_kept_for_a_replay_is_never_handed_out_again(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """Trimming keeps the committed barriers a snapshot backfill may still replay but
+    drops their collects: a poll must not take them for barriers still to collect."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    make_job(db, "j", parallelism=1)
+    for _ in range(6):
+        loop.tick()
+        w.collect_all()
+    history = barriers_of(db)
+    assert {b.state for b in history} == {"committed"}
+    with db.transaction() as s:  # as while a snapshot job's replay floor is the first
+        barriers.trim_history(s, 1, keep=1, keep_after=history[0].prev_epoch)
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM barrier_collects")).scalar() == 1
+    assert len(barriers_of(db)) == len(history) - 1  # kept but the first, without collects
+    [a] = w.poll()
+    assert a["barriers"] == []
+    loop.tick()
+    [a] = w.poll()
+    assert [b["curr"] for b in a["barriers"]] == [barriers_of(db)[-1].curr_epoch]
 
 
 def test_collects_are_idempotent_and_stale_or_unknown_ones_change_nothing(
