@@ -30,7 +30,7 @@ from service.catalog.models import (
 from service.catalog.sources import get_source
 from service.catalog.tables import _get as get_relation
 from service.catalog.tables import storage_of
-from service.db import Database, raw_cursor, unique_violation
+from service.db import Database, raw_cursor, retry_deadlocks, unique_violation
 from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.meta.barriers import enqueue_mutation
 from service.meta.epochs import MAIN_GRAPH_ID
@@ -289,6 +289,7 @@ def set_paused(db: Database, job_id: int, paused: bool) -> Job:
         return job
 
 
+@retry_deadlocks
 def update_job(
     db: Database, job_id: int, rate_limit: Any, parallelism: int | None, set_rate: bool
 ) -> Job:

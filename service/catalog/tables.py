@@ -22,7 +22,7 @@ from backfill_core.schema import SchemaError, TableSchema, is_identifier, valida
 from service.catalog import idempotency
 from service.catalog.models import Graph, Job, Relation
 from service.clock import Clock
-from service.db import Database, raw_cursor
+from service.db import Database, raw_cursor, retry_deadlocks
 from service.errors import BadRequest, Conflict, Gone, Invalid, NotFound
 from service.meta.epochs import MAIN_GRAPH_ID, open_dml_epoch
 from state_store.versioned import VersionedTable
@@ -126,6 +126,7 @@ def drop_table(db: Database, name: str) -> None:
         s.delete(rel)
 
 
+@retry_deadlocks
 def apply_dml(db: Database, name: str, ops: Sequence[DmlOp], clock: Clock) -> tuple[int, int]:
     """Apply a batch atomically at the open epoch; returns (epoch, count)."""
     with db.transaction() as s:

@@ -22,7 +22,7 @@ from service.catalog.models import (
     VnodeProgress,
     Worker,
 )
-from service.db import Database
+from service.db import Database, retry_deadlocks
 from service.errors import Conflict, Gone, NotFound
 from service.meta.barriers import CollectResult, lock_graph, try_complete
 from service.meta.recovery import request_recovery
@@ -395,6 +395,7 @@ def _earlier_collects(
     return {(a, c): p for a, c, p in rows if (a, c) in rest}
 
 
+@retry_deadlocks
 def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[CollectResult]:
     """Record that actors finished an epoch's work; commits when a graph is complete.
 
