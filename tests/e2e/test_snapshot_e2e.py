@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
@@ -27,7 +26,7 @@ from tests.kit.e2e import (
     wait_created,
     wait_for,
 )
-from tests.kit.live import RestartableServer
+from tests.kit.live import RestartableServer, worker_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -130,6 +129,20 @@ def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
     assert http.get(f"/v1/jobs/{job}").json()["committed_epoch"] >= finished
 
 
+@contextmanager
+def restartable_cluster(
+    settings: Settings, db: Database
+) -> Iterator[tuple[RestartableServer, Callable[[str], subprocess.Popen[bytes]], httpx.Client]]:
+    """A control plane that can restart at its address, a starter of worker processes
+    (terminated at the end) and a client: for the kill -9 and restart scenarios."""
+    with (
+        RestartableServer(settings, db) as server,
+        worker_processes(server.url) as start_worker,
+        http_client(server.url, timeout=60) as http,
+    ):
+        yield server, start_worker, http
+
+
 def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
     db: Database, fresh_db_url: str
 ) -> None:
@@ -140,59 +153,44 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
         spawn_embedded_worker=False,
         gc_retention_ms=0,  # garbage collection keeps only what pins and readers need
     )
-    backfill = str(Path(sys.executable).parent / "backfill")
-    server = RestartableServer(settings, db)
-    url = server.__enter__().url
-    first = second = None
-    try:
-        with http_client(url, timeout=60) as http:
-            load(http, 20_000)
-            writer = Writer(http, "orders", 20_000, seed=22)
-            writer.thread.start()
-            first = subprocess.Popen(
-                [backfill, "worker", "--control-plane", url, "--name", "victim"]
-            )
-            try:
-                job = create_job(http, "snap_survivor", "snapshot", rate_limit=3_000)
-                wait_for(lambda: progress(http, job)["rows"] > 2_000, what="mid-snapshot")
-                assert progress(http, job)["phase"] == "snapshot"
-                first.send_signal(signal.SIGKILL)
-                first.wait(timeout=30)
-                done = writer.batches
-                wait_for(lambda: writer.batches >= done + 5, what="writes while the job is down")
-                second = subprocess.Popen(
-                    [backfill, "worker", "--control-plane", url, "--name", "heir"]
-                )
-                wait_for(lambda: progress(http, job)["rows"] > 8_000, what="the heir reading")
-                # garbage collection has run, up to the job's pin and no further
-                snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
-                wait_for(lambda: gc_epoch(db, "orders") > 0, what="a garbage collection")
-                collected = gc_epoch(db, "orders")  # read before the state: the pin held then
-                if http.get(f"/v1/jobs/{job}").json()["state"] == "creating":
-                    assert collected <= snapshot_epoch
-                r = http.patch(f"/v1/jobs/{job}", json={"parallelism": 3})
-                assert r.status_code == 200, r.text
-                # the control plane goes away and comes back on the same address
-                with writer.paused():
-                    server.restart()
-                wait_created(http, job)
-                assert_exact(http, job)
-            finally:
-                writer.stop.set()
-                writer.thread.join(timeout=30)
-            stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
-            # the kill and the rescale recover; the restart only when barriers were in flight
-            assert stream.count("event: recovered") >= 2 and "event: created" in stream
-            assert "event: rescaled" in stream
-            recoveries = progress(http, job)["recent_recoveries"]
-            assert 1 <= len(recoveries) <= 5 and all(r["reason"] for r in recoveries)
-            assert len(progress(http, job)["vnodes"]) == 256
-    finally:
-        for p in (second, first):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                p.wait(timeout=30)
-        server.__exit__()
+    with restartable_cluster(settings, db) as (server, start_worker, http):
+        load(http, 20_000)
+        writer = Writer(http, "orders", 20_000, seed=22)
+        writer.thread.start()
+        first = start_worker("victim")
+        try:
+            job = create_job(http, "snap_survivor", "snapshot", rate_limit=3_000)
+            wait_for(lambda: progress(http, job)["rows"] > 2_000, what="mid-snapshot")
+            assert progress(http, job)["phase"] == "snapshot"
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=30)
+            done = writer.batches
+            wait_for(lambda: writer.batches >= done + 5, what="writes while the job is down")
+            start_worker("heir")
+            wait_for(lambda: progress(http, job)["rows"] > 8_000, what="the heir reading")
+            # garbage collection has run, up to the job's pin and no further
+            snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
+            wait_for(lambda: gc_epoch(db, "orders") > 0, what="a garbage collection")
+            collected = gc_epoch(db, "orders")  # read before the state: the pin held then
+            if http.get(f"/v1/jobs/{job}").json()["state"] == "creating":
+                assert collected <= snapshot_epoch
+            r = http.patch(f"/v1/jobs/{job}", json={"parallelism": 3})
+            assert r.status_code == 200, r.text
+            # the control plane goes away and comes back on the same address
+            with writer.paused():
+                server.restart()
+            wait_created(http, job)
+            assert_exact(http, job)
+        finally:
+            writer.stop.set()
+            writer.thread.join(timeout=30)
+        stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
+        # the kill and the rescale recover; the restart only when barriers were in flight
+        assert stream.count("event: recovered") >= 2 and "event: created" in stream
+        assert "event: rescaled" in stream
+        recoveries = progress(http, job)["recent_recoveries"]
+        assert 1 <= len(recoveries) <= 5 and all(r["reason"] for r in recoveries)
+        assert len(progress(http, job)["vnodes"]) == 256
 
 
 def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_log_store(
@@ -206,65 +204,50 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
         spawn_embedded_worker=False,
         gc_retention_ms=3_600_000,  # the replayed epochs are checked afterwards
     )
-    backfill = str(Path(sys.executable).parent / "backfill")
-    server = RestartableServer(settings, db)
-    url = server.__enter__().url
-    first = second = None
-    try:
-        with http_client(url, timeout=60) as http:
-            load(http, 10_000)
-            writer = Writer(http, "orders", 10_000, seed=23)
-            writer.thread.start()
-            try:
-                first = subprocess.Popen(
-                    [backfill, "worker", "--control-plane", url, "--name", "replayer"]
-                )
-                # phase 1 takes seconds (rate limited): many upstream epochs to replay
-                job = create_job(http, "replay_survivor", "snapshot", rate_limit=1_000)
-                snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
+    with restartable_cluster(settings, db) as (server, start_worker, http):
+        load(http, 10_000)
+        writer = Writer(http, "orders", 10_000, seed=23)
+        writer.thread.start()
+        try:
+            first = start_worker("replayer")
+            # phase 1 takes seconds (rate limited): many upstream epochs to replay
+            job = create_job(http, "replay_survivor", "snapshot", rate_limit=1_000)
+            snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
 
-                def replaying_with_epochs_to_go() -> bool:
-                    p = progress(http, job)
-                    assert p["state"] == "creating", p["state"]
-                    # an epoch with writes replayed and committed, more still to go
-                    done = p["committed_epoch"]
-                    return (
-                        p["phase"] == "log_store"
-                        and any(snapshot_epoch < e <= done for e in list(writer.epochs))
-                        and (p["log_store_lag_epochs"] or 0) >= 10
-                    )
-
-                wait_for(replaying_with_epochs_to_go, what="replaying its log store")
-                first.send_signal(signal.SIGKILL)
-                first.wait(timeout=30)
-                # the dead worker can neither replay further nor merge: the kill hit phase 2
-                killed_at = progress(http, job)
-                assert killed_at["state"] == "creating" and killed_at["phase"] == "log_store"
-                assert killed_at["committed_epoch"] > snapshot_epoch
-                # and the control plane goes away and comes back meanwhile
-                with writer.paused():
-                    server.restart()
-                assert progress(http, job)["phase"] == "log_store"
-                second = subprocess.Popen(
-                    [backfill, "worker", "--control-plane", url, "--name", "heir"]
+            def replaying_with_epochs_to_go() -> bool:
+                p = progress(http, job)
+                assert p["state"] == "creating", p["state"]
+                # an epoch with writes replayed and committed, more still to go
+                done = p["committed_epoch"]
+                return (
+                    p["phase"] == "log_store"
+                    and any(snapshot_epoch < e <= done for e in list(writer.epochs))
+                    and (p["log_store_lag_epochs"] or 0) >= 10
                 )
-                wait_created(http, job)
-                assert_exact(http, job)
-            finally:
-                writer.stop.set()
-                writer.thread.join(timeout=30)
-            stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
-            assert "event: recovered" in stream and "event: created" in stream
-            # exact at the epochs replayed before and after the kill (a spread of them)
-            finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
-            replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
-            assert any(e <= killed_at["committed_epoch"] for e in replayed)
-            assert any(e > killed_at["committed_epoch"] for e in replayed)
-            step = max(1, len(replayed) // 30)
-            assert_exact_at(http, job, [snapshot_epoch, *replayed[::step], replayed[-1], finished])
-    finally:
-        for p in (second, first):
-            if p is not None and p.poll() is None:
-                p.terminate()
-                p.wait(timeout=30)
-        server.__exit__()
+
+            wait_for(replaying_with_epochs_to_go, what="replaying its log store")
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=30)
+            # the dead worker can neither replay further nor merge: the kill hit phase 2
+            killed_at = progress(http, job)
+            assert killed_at["state"] == "creating" and killed_at["phase"] == "log_store"
+            assert killed_at["committed_epoch"] > snapshot_epoch
+            # and the control plane goes away and comes back meanwhile
+            with writer.paused():
+                server.restart()
+            assert progress(http, job)["phase"] == "log_store"
+            start_worker("heir")
+            wait_created(http, job)
+            assert_exact(http, job)
+        finally:
+            writer.stop.set()
+            writer.thread.join(timeout=30)
+        stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
+        assert "event: recovered" in stream and "event: created" in stream
+        # exact at the epochs replayed before and after the kill (a spread of them)
+        finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
+        replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
+        assert any(e <= killed_at["committed_epoch"] for e in replayed)
+        assert any(e > killed_at["committed_epoch"] for e in replayed)
+        step = max(1, len(replayed) // 30)
+        assert_exact_at(http, job, [snapshot_epoch, *replayed[::step], replayed[-1], finished])

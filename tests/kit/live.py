@@ -105,6 +105,27 @@ def child_process(
 
 
 @contextmanager
+def worker_processes(url: str) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
+    """Start ``backfill worker`` processes named as asked (for tests that kill -9 one
+    and start its heir); those still running at the end are terminated."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        started.append(
+            subprocess.Popen([BACKFILL, "worker", "--control-plane", url, "--name", name])
+        )
+        return started[-1]
+
+    try:
+        yield start
+    finally:
+        for proc in reversed(started):
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=30)
+
+
+@contextmanager
 def server_process(database_url: str, **settings: Any) -> Iterator[str]:
     """``backfill serve`` as a child process (its own interpreter, as in production):
     for benches, where a server sharing the load generator's GIL measures the harness.
