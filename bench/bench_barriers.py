@@ -36,7 +36,12 @@ def _fake_worker(url: str, stop: threading.Event) -> None:
     client.register(f"bench-{uuid.uuid4().hex[:6]}", ACTORS)
     while not stop.is_set():
         batch = [
-            {"actor_id": a["actor_id"], "prev_epoch": b["prev"], "curr_epoch": b["curr"]}
+            {
+                "actor_id": a["actor_id"],
+                "recovery_seq": a["recovery_seq"],
+                "prev_epoch": b["prev"],
+                "curr_epoch": b["curr"],
+            }
             for a in client.poll(timeout_ms=500)["assignments"]
             for b in a["barriers"]
         ]

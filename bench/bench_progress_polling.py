@@ -55,6 +55,7 @@ def _fake_worker(url: str, stop: Any) -> None:
                 batch.append(
                     {
                         "actor_id": a["actor_id"],
+                        "recovery_seq": a["recovery_seq"],
                         "prev_epoch": b["prev"],
                         "curr_epoch": b["curr"],
                         "progress": progress,

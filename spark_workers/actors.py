@@ -224,6 +224,7 @@ class ActorRunner:
         conn.commit()
         return {
             "actor_id": self.actor_id,
+            "recovery_seq": self.recovery_seq,
             "prev_epoch": barrier.epoch.prev,
             "curr_epoch": barrier.epoch.curr,
             "progress": self._report(),

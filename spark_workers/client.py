@@ -125,12 +125,14 @@ class ControlPlaneClient:
         prev_epoch: int,
         curr_epoch: int,
         *,
+        recovery_seq: int,
         progress: dict[str, Any] | None = None,
         rows: int = 0,
         finished: bool = False,
     ) -> dict[str, Any]:
         body = {
             "actor_id": actor_id,
+            "recovery_seq": recovery_seq,
             "prev_epoch": prev_epoch,
             "curr_epoch": curr_epoch,
             "progress": progress,

@@ -176,11 +176,18 @@ class Worker:
                 self.client.collect_many(collects)
                 break
             except ProtocolError as e:
-                # a batch is all or nothing: without the actors dropped meanwhile, again
+                # a batch is all or nothing: again without the actors dropped meanwhile,
+                # or without the graph that recovered meanwhile (its actors wait for the
+                # recovery's initial barrier; the other graphs' collects still count)
                 gone = self._refused_actor(e, "is not assigned to worker")
-                if gone is None or not self._forget_if_dropped([gone]):
+                if gone is not None and self._forget_if_dropped([gone]):
+                    collects = [c for c in collects if c["actor_id"] != gone]
+                    continue
+                graph_id = self._stale_collect(e)
+                if graph_id is None:
                     raise
-                collects = [c for c in collects if c["actor_id"] != gone]
+                self._superseded(graph_id, str(e))
+                collects = [c for c in collects if c["actor_id"] in self.runners]
         self._read_until_next_barrier()
 
     @staticmethod

@@ -198,6 +198,7 @@ class SourceRunner:
         conn.commit()
         return {
             "actor_id": self.actor_id,
+            "recovery_seq": self.recovery_seq,
             "prev_epoch": barrier.epoch.prev,
             "curr_epoch": barrier.epoch.curr,
             "progress": out.progress,

@@ -73,6 +73,14 @@ class PollResponse(BaseModel):
 
 class CollectRequest(RequestBody):
     actor_id: int = Field(ge=0, le=MAX_INT32)
+    recovery_seq: int = Field(
+        ge=0,
+        le=MAX_INT32,
+        description="The graph's recovery sequence in the assignment the barrier came "
+        "with: a recovery may hand out the same epochs again, so the epochs alone do "
+        "not tell a collect of the current incarnation from a late one of an earlier "
+        "incarnation, which is refused as stale",
+    )
     prev_epoch: int = Field(ge=0, le=MAX_BIGINT)
     curr_epoch: int = Field(ge=1, le=MAX_BIGINT)
     progress: dict[str, Any] | None = None

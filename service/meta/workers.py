@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import func, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from service.catalog.models import (
@@ -138,9 +140,12 @@ def _job_spec(job: Job, rels: dict[int, Relation], srcs: dict[int, Source]) -> d
 # not committed (a commit needs every actor's collect) and not collected by it yet. The
 # state test keeps this to the barriers in flight: the graph's committed history is
 # kept for a while (and, while a snapshot backfill may replay it, as long as that
-# takes, without the collects), and every poll walked all of it.
+# takes, without the collects), and every poll walked all of it. A graph waiting for
+# its recovery hands out nothing: the recovery forgets its barriers in flight, and the
+# actors a rescale placed for it to start would get them with no state to run them.
 _READY_FROM = """
     FROM actors a
+    JOIN graphs g ON g.id = a.graph_id AND g.state = 'running'
     JOIN barriers b ON b.graph_id = a.graph_id AND b.curr_epoch >= a.first_epoch
       AND (a.last_epoch IS NULL OR b.curr_epoch <= a.last_epoch)
       AND b.state IN ('inflight', 'collected')
@@ -372,6 +377,7 @@ _INSERT_COLLECTS = text(
 @dataclass(frozen=True)
 class CollectItem:
     actor_id: int
+    recovery_seq: int
     prev_epoch: int
     curr_epoch: int
     progress: dict[str, Any] | None = None
@@ -393,6 +399,40 @@ def _earlier_collects(
         )
     ).all()
     return {(a, c): p for a, c, p in rows if (a, c) in rest}
+
+
+_DROPPED_ACTOR = re.compile(r"\(actor_id\)=\((\d+)\)")
+
+
+def _dropped_actor(e: IntegrityError) -> int | None:
+    """The actor of a collect whose row a concurrent rescale or drop deleted after the
+    collect found it (the foreign key tells; a 409 for the worker, not a 500)."""
+    diag = getattr(e.orig, "diag", None)
+    if getattr(e.orig, "pgcode", None) != "23503" or diag is None:
+        return None
+    if diag.constraint_name != "fk_barrier_collects_actor_id_actors":
+        return None
+    m = _DROPPED_ACTOR.search(diag.message_detail or "")
+    return int(m.group(1)) if m else None
+
+
+def _same_incarnation(item: CollectItem, graph: Graph) -> None:
+    """Refuse a collect of an earlier incarnation of the graph. A recovery may inject
+    the very epochs it forgot again (a creating graph restarts at the epoch after its
+    committed one, fake or replayed), so a collect delayed past it (a worker retrying
+    through a control-plane restart) would otherwise land on the new barrier with
+    progress whose rows the recovery rolled back."""
+    if item.recovery_seq != graph.recovery_seq:
+        raise Conflict(
+            f"stale collect of actor {item.actor_id}: it ran in incarnation "
+            f"{item.recovery_seq} of graph {graph.id}, which recovered since "
+            f"(incarnation {graph.recovery_seq})",
+            {
+                "actor_id": item.actor_id,
+                "committed_epoch": graph.committed_epoch,
+                "recovery_seq": graph.recovery_seq,
+            },
+        )
 
 
 @retry_deadlocks
@@ -424,6 +464,8 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
                 )
         # lock graphs in id order: concurrent batches never deadlock
         graphs = {g: lock_graph(s, g) for g in sorted({r.graph_id for r in found.values()})}
+        for item in items:
+            _same_incarnation(item, graphs[found[item.actor_id].graph_id])
         rows = [
             {
                 "a": item.actor_id,
@@ -437,7 +479,16 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
             }
             for item in items
         ]
-        inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": json.dumps(rows)})}
+        try:
+            inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": json.dumps(rows)})}
+        except IntegrityError as e:
+            gone = _dropped_actor(e)
+            if gone is None:
+                raise
+            raise Conflict(
+                f"actor {gone} is not assigned to worker {worker_id} (it was dropped meanwhile)",
+                {"actor_id": gone},
+            ) from None
         earlier = _earlier_collects(s, items, inserted)
         results = []
         for item in items:

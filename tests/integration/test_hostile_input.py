@@ -224,11 +224,11 @@ SURROGATE_BODIES = [
     # the collects, parsed off the event loop by pydantic's own JSON parser (api.bodies)
     (
         "/v1/workers/1/collect",
-        '{"actor_id": 1, "prev_epoch": 1, "curr_epoch": 2, "progress": {"k": ["%s"]}}',
+        '{"actor_id": 1, "recovery_seq": 0, "prev_epoch": 1, "curr_epoch": 2, "progress": {"k": ["%s"]}}',
     ),
     (
         "/v1/workers/1/collects",
-        '{"collects": [{"actor_id": 1, "prev_epoch": 1, "curr_epoch": 2, "progress": {"%s": 1}}]}',
+        '{"collects": [{"actor_id": 1, "recovery_seq": 0, "prev_epoch": 1, "curr_epoch": 2, "progress": {"%s": 1}}]}',
     ),
     (
         "/v1/sources",
@@ -259,7 +259,13 @@ def test_nul_in_job_filters_worker_names_and_kafka_settings_is_422(
     flt = {"col": "doc", "op": "=", "value": {"a": "\x00"}}
     assert_error(hostile.post("/v1/jobs", json=job | {"filter": flt}), 422, "validation_error")
     assert_error(hostile.post("/v1/workers", json={"name": "w\x00"}), 422, "validation_error")
-    collect = {"actor_id": 1, "prev_epoch": 1, "curr_epoch": 2, "progress": {"v": ["\x00"]}}
+    collect = {
+        "actor_id": 1,
+        "recovery_seq": 0,
+        "prev_epoch": 1,
+        "curr_epoch": 2,
+        "progress": {"v": ["\x00"]},
+    }
     for path, body in [("collect", collect), ("collects", {"collects": [collect]})]:
         err = assert_error(
             hostile.post(f"/v1/workers/1/{path}", json=body), 422, "validation_error"
@@ -342,10 +348,17 @@ BODIES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "worker": ("/v1/workers", {"name": "w", "capacity": 2}),
     "failure": ("/v1/workers/1/failures", {"actor_id": 1, "message": "m"}),
-    "collect": ("/v1/workers/1/collect", {"actor_id": 1, "prev_epoch": 1, "curr_epoch": 2}),
+    "collect": (
+        "/v1/workers/1/collect",
+        {"actor_id": 1, "recovery_seq": 0, "prev_epoch": 1, "curr_epoch": 2},
+    ),
     "collects": (
         "/v1/workers/1/collects",
-        {"collects": [{"actor_id": 1, "prev_epoch": 1, "curr_epoch": 2, "rows": 3}]},
+        {
+            "collects": [
+                {"actor_id": 1, "recovery_seq": 0, "prev_epoch": 1, "curr_epoch": 2, "rows": 3}
+            ]
+        },
     ),
 }
 

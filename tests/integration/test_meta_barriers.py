@@ -6,6 +6,7 @@ The barrier loop is driven by hand (``tick``) so each scenario is exact.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 
 from fastapi.testclient import TestClient
 from sqlalchemy import text, update
@@ -15,11 +16,13 @@ from service.api.app import create_app
 from service.catalog import tables
 from service.catalog.models import Worker
 from service.db import Database, raw_cursor
-from service.meta import barriers
+from service.errors import Conflict
+from service.meta import barriers, workers
 from service.meta.loop import MetaLoop
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
 from tests.kit.auth import api_client
+from tests.kit.e2e import wait_for
 from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch, make_job
 
 
@@ -102,7 +105,8 @@ def test_collects_are_idempotent_and_stale_or_unknown_ones_change_nothing(
     assert committed_epoch(db) == committed
     assert_error(
         client.post(
-            "/v1/workers/424242/collect", json={"actor_id": 1, "prev_epoch": 0, "curr_epoch": 1}
+            "/v1/workers/424242/collect",
+            json={"actor_id": 1, "recovery_seq": 0, "prev_epoch": 0, "curr_epoch": 1},
         ),
         404,
         "not_found",
@@ -238,10 +242,15 @@ def test_batched_collects_are_all_or_nothing(
     a1, a2 = w.poll()
     [b1], [b2] = a1["barriers"], a2["barriers"]
     good = [
-        {"actor_id": a1["actor_id"], "prev_epoch": b1["prev"], "curr_epoch": b1["curr"]},
-        {"actor_id": a2["actor_id"], "prev_epoch": b2["prev"], "curr_epoch": b2["curr"]},
+        {
+            "actor_id": a["actor_id"],
+            "recovery_seq": 0,
+            "prev_epoch": b["prev"],
+            "curr_epoch": b["curr"],
+        }
+        for a, b in ((a1, b1), (a2, b2))
     ]
-    bad = good[:1] + [{"actor_id": 4242, "prev_epoch": 0, "curr_epoch": b2["curr"]}]
+    bad = good[:1] + [good[1] | {"actor_id": 4242, "prev_epoch": 0}]
     url = f"/v1/workers/{w.worker_id}/collects"
     assert_error(client.post(url, json={"collects": bad}), 409, "conflict")
     with db.engine.connect() as conn:
@@ -250,3 +259,108 @@ def test_batched_collects_are_all_or_nothing(
     assert [x["status"] for x in r.json()["results"]] == ["accepted", "accepted"]
     assert r.json()["results"][-1]["committed_epoch"] == committed_epoch(db)
     assert barriers_of(db)[0].state == "committed"
+
+
+def test_a_graph_waiting_for_its_recovery_commits_nothing(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """A rescale replaces a job's actors and asks for a recovery of the graph. Until it
+    runs, another job's collect must not commit the epoch the rescaled job never
+    finished: its old actors are gone, and its new ones, not started yet, count among
+    the barrier's required actors (were they left out, the epoch would be complete)."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    rescaled = make_job(db, "a", parallelism=2)
+    other = make_job(db, "b", parallelism=1)
+    for _ in range(2):  # the barriers that add the actors
+        loop.tick()
+        w.collect_all()
+    loop.tick()
+    before = committed_epoch(db)
+    [b_actor] = [a.id for a in actors_of(db, other)]
+    [open_barrier] = next(a for a in w.poll() if a["actor_id"] == b_actor)["barriers"]
+    r = client.patch(f"/v1/jobs/{rescaled}", json={"parallelism": 1})
+    assert r.status_code == 200, r.text
+    assert w.collect(b_actor, open_barrier).status_code == 200
+    assert committed_epoch(db) == before
+    loop.tick()  # the recovery, from the committed epoch
+    assert committed_epoch(db) == before
+    with db.engine.connect() as conn:
+        assert conn.execute(text("SELECT state FROM graphs WHERE id = 1")).scalar() == "running"
+
+
+def test_actors_of_a_rescale_get_no_barrier_before_their_recovery(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """A rescale places the new actors at once, started by the recovery it asks for.
+    Until that runs, the barriers in flight belong to the old incarnation: handed to a
+    new actor (which has no state to run them with) they made its worker fail, and that
+    failure recovered every graph the worker had actors in."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    job = make_job(db, "j", parallelism=2)
+    loop.tick()
+    w.collect_all()
+    loop.tick()  # a barrier in flight
+    r = client.patch(f"/v1/jobs/{job}", json={"parallelism": 3})
+    assert r.status_code == 200, r.text
+    waiting = w.poll()
+    assert sorted(a["actor_id"] for a in waiting) == sorted(a.id for a in actors_of(db, job))
+    assert all(a["barriers"] == [] for a in waiting), waiting
+    loop.tick()  # the recovery
+    started = w.poll()
+    assert len(started) == 3
+    for a in started:
+        assert [b["kind"] for b in a["barriers"]] == ["initial"]
+        assert a["restore"] is not None
+
+
+def test_a_collect_racing_the_deletion_of_its_actor_is_a_409(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """A rescale or a drop deletes actors while a worker collects for them: the collect
+    found its actor, then its insert met the deleted row. That was a 500 (a failure of
+    the worker, and a recovery of its graphs); it is the 409 a collect for an actor no
+    longer there gets, which the worker answers by forgetting the actor."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    make_job(db, "j", parallelism=1)
+    loop.tick()
+    w.collect_all()
+    loop.tick()
+    [a] = w.poll()
+    [b] = a["barriers"]
+    item = workers.CollectItem(a["actor_id"], a["recovery_seq"], b["prev"], b["curr"])
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(workers.collect(db, w.worker_id, [item]))
+        except Exception as e:  # reported to the test, not lost in the thread
+            outcome.append(e)
+
+    with db.engine.connect() as holder:
+        # the graph is taken: the collect finds its actor, then waits for the graph
+        holder.execute(text("SELECT 1 FROM graphs WHERE id = 1 FOR UPDATE"))
+        collecting = threading.Thread(target=run)
+        collecting.start()
+        wait_for(lambda: _waiting_for_a_lock(db), timeout=30, what="the collect waiting")
+        holder.execute(text("DELETE FROM actors WHERE id = :a"), {"a": a["actor_id"]})
+        holder.commit()
+    collecting.join(timeout=30)
+    [error] = outcome
+    assert isinstance(error, Conflict), error
+    assert "is not assigned to worker" in str(error)
+    assert error.details == {"actor_id": a["actor_id"]}
+
+
+def _waiting_for_a_lock(db: Database) -> bool:
+    with db.engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )

@@ -15,6 +15,7 @@ from service.db import Database
 from service.meta import barriers
 from service.meta.creating import fake_epoch_after
 from service.meta.loop import MetaLoop
+from tests.integration.test_health_and_errors import assert_error
 from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch
 
 TABLE = {
@@ -50,6 +51,17 @@ def collect(
     return seen
 
 
+def snapshot_job(client: TestClient, loop: MetaLoop, parallelism: int) -> dict[str, Any]:
+    """The table, a few committed upstream epochs, then a snapshot job reading it."""
+    assert client.post("/v1/tables", json=TABLE).status_code == 201
+    for _ in range(3):
+        loop.tick()  # the main graph commits epochs (it has no actors)
+    body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
+    r = client.post("/v1/jobs", json=body | {"parallelism": parallelism})
+    assert r.status_code == 202, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
 def graph_of_job(db: Database, job: int) -> Graph | None:
     with db.transaction() as s:
         return s.execute(select(Graph).where(Graph.job_id == job)).scalar_one_or_none()
@@ -68,13 +80,7 @@ def test_a_snapshot_backfill_runs_apart_then_merges(
 ) -> None:
     client, loop = manual
     w = FakeWorker(client).register()
-    assert client.post("/v1/tables", json=TABLE).status_code == 201
-    for _ in range(3):
-        loop.tick()  # the main graph commits epochs (it has no actors)
-    body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
-    r = client.post("/v1/jobs", json=body | {"parallelism": 2})
-    assert r.status_code == 202, r.text
-    job = r.json()
+    job = snapshot_job(client, loop, parallelism=2)
     snapshot_epoch = job["snapshot_epoch"]
     assert snapshot_epoch == committed_epoch(db) > 0
     graph = graph_of_job(db, job["id"])
@@ -205,11 +211,7 @@ def test_a_lagging_log_store_replay_holds_the_upstream_back(
 ) -> None:
     client, loop = manual
     w = FakeWorker(client).register()
-    assert client.post("/v1/tables", json=TABLE).status_code == 201
-    for _ in range(3):
-        loop.tick()
-    body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
-    assert client.post("/v1/jobs", json=body | {"parallelism": 1}).status_code == 202
+    snapshot_job(client, loop, parallelism=1)
     loop.tick()
     collect(w, "consumed")
     loop.tick()
@@ -352,3 +354,48 @@ def test_without_the_hold_the_job_replays_on_and_merges_later(
             break
     assert graph_of_job(db, job) is None, "never merged"
     assert client.get(f"/v1/jobs/{job}").json()["finished_epoch"] >= joins_at
+
+
+def test_a_late_collect_of_an_earlier_incarnation_is_stale_though_its_epochs_came_again(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """A creating graph recovers to the epoch after its committed one, so two recoveries
+    in a row hand out the very same barrier. A collect of the first one that arrives
+    after the second (a worker retrying through a control-plane restart) carries
+    progress whose rows the second recovery rolled back: it must not count."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    job = snapshot_job(client, loop, parallelism=1)
+    loop.tick()
+    collect(w, "consuming")
+    loop.tick()
+    collect(w, "consuming")  # commits the first fake epoch
+    graph = graph_of_job(db, job["id"])
+    assert graph is not None and graph.committed_epoch == 1 << 16
+
+    def recover() -> dict[str, Any]:
+        r = client.post(f"/v1/workers/{w.worker_id}/failures", json={"message": "boom"})
+        assert r.status_code == 202, r.text
+        loop.tick()
+        [a] = w.poll()
+        assert a["barriers"][0]["kind"] == "initial"
+        return a
+
+    zombie = recover()
+    present = recover()
+    [old], [new] = zombie["barriers"], present["barriers"]
+    assert (old["prev"], old["curr"]) == (new["prev"], new["curr"]) == (1 << 16, 2 << 16)
+    assert present["recovery_seq"] > zombie["recovery_seq"]
+
+    skipped = {"vnodes": [{"vnode": v, "state": "consumed", "row_count": 999} for v in range(8)]}
+    r = w.collect(zombie["actor_id"], old, recovery_seq=zombie["recovery_seq"], progress=skipped)
+    err = assert_error(r, 409, "conflict")
+    assert "stale" in err["message"] and err["details"]["recovery_seq"] == present["recovery_seq"]
+    assert collect(w, "consuming")  # the present incarnation's collect is accepted
+    loop.tick()
+    collect(w, "consuming")
+    graph = graph_of_job(db, job["id"])
+    assert graph is not None and graph.committed_epoch == 2 << 16
+    progress = client.get(f"/v1/jobs/{job['id']}/progress").json()
+    assert {v["state"] for v in progress["vnodes"]} == {"consuming"}
+    assert progress["rows"] == 8

@@ -29,7 +29,9 @@ def _round(db: Database, loop: MetaLoop, worker_id: int) -> int:
                     {"vnode": lo, "state": "in_progress", "row_count": n} for lo, _ in a.vnodes
                 ]
             }
-            item = workers.CollectItem(a.actor_id, b["prev"], b["curr"], progress=progress, rows=1)
+            item = workers.CollectItem(
+                a.actor_id, a.recovery_seq, b["prev"], b["curr"], progress=progress, rows=1
+            )
             workers.collect(db, worker_id, [item])
             n += 1
     return n

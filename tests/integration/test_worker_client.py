@@ -63,7 +63,9 @@ def test_a_retried_collect_is_applied_once(db: Database, fresh_db_url: str) -> N
         loop.tick()
         [a] = client.poll(timeout_ms=0)["assignments"]
         [b] = a["barriers"]
-        result = client.collect(a["actor_id"], b["prev"], b["curr"], rows=5)
+        result = client.collect(
+            a["actor_id"], b["prev"], b["curr"], recovery_seq=a["recovery_seq"], rows=5
+        )
         assert lossy.dropped == 1
         assert result["status"] == "duplicate"  # the first attempt was applied
         with db.engine.connect() as conn:
@@ -102,7 +104,9 @@ def test_long_poll_returns_when_a_barrier_arrives(db: Database, fresh_db_url: st
         for _ in range(20):
             for a in client.poll(timeout_ms=5000)["assignments"]:
                 for b in a["barriers"]:
-                    client.collect(a["actor_id"], b["prev"], b["curr"])
+                    client.collect(
+                        a["actor_id"], b["prev"], b["curr"], recovery_seq=a["recovery_seq"]
+                    )
                     seen += 1
             if seen >= 10:
                 break

@@ -55,6 +55,7 @@ class FakeWorker:
     capacity: int = 8
     worker_id: int = 0
     collected: list[tuple[int, int]] = field(default_factory=list)  # (actor, curr)
+    incarnations: dict[int, int] = field(default_factory=dict)  # actor -> recovery_seq
 
     def register(self) -> FakeWorker:
         body = {"name": self.name, "capacity": self.capacity}
@@ -71,11 +72,15 @@ class FakeWorker:
         )
         assert r.status_code == 200, r.text
         assignments: list[dict[str, Any]] = r.json()["assignments"]
+        self.incarnations.update({a["actor_id"]: a["recovery_seq"] for a in assignments})
         return assignments
 
     def collect(self, actor_id: int, barrier: dict[str, Any], **extra: Any) -> Any:
+        """Collect ``barrier`` in the incarnation the last poll told for the actor
+        (``recovery_seq=`` says another)."""
         body = {
             "actor_id": actor_id,
+            "recovery_seq": self.incarnations.get(actor_id, 0),
             "prev_epoch": barrier["prev"],
             "curr_epoch": barrier["curr"],
         } | extra
