@@ -86,9 +86,10 @@ class Settings(BaseSettings):
     )
     pushdown: bool = Field(
         default=True,
-        description="run a view that has a SQL form inside Postgres (each Spark task writes "
-        "its snapshot reads with one INSERT ... SELECT) instead of moving the rows through "
-        "Spark; views with jsonb filter leaves always move",
+        description="run a view that has a SQL form inside Postgres (each Spark task, and "
+        "the driver for small epochs, writes its snapshot reads with one INSERT ... SELECT) "
+        "instead of moving the rows through Spark or the driver; views with jsonb filter "
+        "leaves always move",
     )
 
     @field_validator("database_url")

@@ -52,6 +52,7 @@ class Worker:
         self.conn: Any = None
         self.lease_ms = 10_000
         self.must_register = True
+        self.driver_pushdowns = 0  # driver reads that ran inside Postgres
 
     # lifecycle --------------------------------------------------------------
 
@@ -243,7 +244,11 @@ class Worker:
                 if a["restore"] is None:
                     # its state is gone (this worker failed): only a recovery can restart it
                     raise RuntimeError(f"actor {a['actor_id']} lost its state; asking for recovery")
-                runner = SourceRunner(a) if a["job"]["kind"] == "source" else ActorRunner(a)
+                runner = (
+                    SourceRunner(a)
+                    if a["job"]["kind"] == "source"
+                    else ActorRunner(a, pushdown=self.settings.pushdown)
+                )
                 self.runners[a["actor_id"]] = runner
             if len(barriers) > 1 and isinstance(runner, SourceRunner):
                 runner.prefetch(barriers)
@@ -310,6 +315,8 @@ class Worker:
                 with self._unless_dropped([runner]):
                     if runner.read_some(self.conn, CHUNK_ROWS) >= 0:
                         did = True
+                        if isinstance(runner, ActorRunner) and runner.pushed_where is not None:
+                            self.driver_pushdowns += 1
             if not did:
                 return
             pending = self.client.poll(timeout_ms=0)["assignments"]

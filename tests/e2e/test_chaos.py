@@ -22,6 +22,8 @@ def test_the_ci_seeds_cover_every_fault_and_job_kind() -> None:
     plans = [draw(seed) for seed in CI_SEEDS]
     assert {f.kind for p in plans for f in p.faults} == set(FAULTS)
     assert {j.kind for p in plans for j in p.jobs} == {*TABLE_KINDS, "source"}
+    # both ways of writing a view: inside Postgres, and rows through the workers
+    assert {p.pushdown for p in plans} == {True, False}
     assert draw(14) == draw(14)  # a seed is a replay
 
 

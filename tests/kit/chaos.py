@@ -75,6 +75,7 @@ class Processes:
             "BACKFILL_WORKER_LEASE_MS": "3000",
             "BACKFILL_GC_RETENTION_MS": "0",
             "BACKFILL_SPARK_MIN_ROWS": str(scenario.spark_min_rows),
+            "BACKFILL_PUSHDOWN": "true" if scenario.pushdown else "false",
             "BACKFILL_SPARK_MASTER": "local[1]",
             "BACKFILL_ADMIN_TOKEN": ADMIN_TOKEN,
             "BACKFILL_WORKER_TOKEN": WORKER_TOKEN,

@@ -80,6 +80,13 @@ class Scenario:
     workers: int
     faults: tuple[Fault, ...]
 
+    @property
+    def pushdown(self) -> bool:
+        """Whether views with a SQL form run inside Postgres (odd seeds) or move their
+        rows through the workers (even seeds). Not drawn: the seeds' plans stay as they
+        were."""
+        return self.seed % 2 == 1
+
     def describe(self) -> str:
         w = self.workload
         jobs = ", ".join(
@@ -95,6 +102,7 @@ class Scenario:
             f"{w.messages} messages, mix {w.mix}, hot {w.hot_share:.2f}, batch {w.batch} "
             f"every {w.pause_s:.2f}s; barriers {self.barrier_interval_ms} ms, checkpoint "
             f"every {self.checkpoint_frequency}, spark from {self.spark_min_rows} rows, "
+            f"pushdown {'on' if self.pushdown else 'off'}, "
             f"{self.workers} worker(s); jobs: {jobs}; faults: {faults}"
         )
 
