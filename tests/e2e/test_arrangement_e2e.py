@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from tests.kit.e2e import (
     wait_created,
     wait_for,
 )
-from tests.kit.live import live_server
+from tests.kit.live import live_server, worker_processes
 
 
 @pytest.fixture
@@ -150,32 +151,31 @@ def test_a_job_created_before_any_worker_exists(db: Database, fresh_db_url: str)
 
 
 def test_kill_9_of_the_worker_mid_backfill(db: Database, fresh_db_url: str) -> None:
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
     settings = Settings(
         database_url=fresh_db_url,
         barrier_interval_ms=50,
         worker_lease_ms=1_000,
         spawn_embedded_worker=False,
     )
-    backfill = str(Path(sys.executable).parent / "backfill")
-    with live_server(settings, db) as url, http_client(url, timeout=60) as http:
+    with (
+        live_server(settings, db) as url,
+        worker_processes(url) as start_worker,
+        http_client(url, timeout=60) as http,
+    ):
         load(http, 20_000)
         writer = Writer(http, "orders", 20_000, seed=4)
         writer.thread.start()
-        first = subprocess.Popen([backfill, "worker", "--control-plane", url, "--name", "victim"])
-        job = create_job(http, "survivor", rate_limit=5_000)
-        wait_for(
-            lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 2_000, what="mid-backfill"
-        )
-        before = http.get(f"/v1/jobs/{job}/progress").json()
-        first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
-        second = subprocess.Popen([backfill, "worker", "--control-plane", url, "--name", "heir"])
         try:
+            first = start_worker("victim")
+            job = create_job(http, "survivor", rate_limit=5_000)
+            wait_for(
+                lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 2_000,
+                what="mid-backfill",
+            )
+            before = http.get(f"/v1/jobs/{job}/progress").json()
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=30)
+            start_worker("heir")
             after = http.get(f"/v1/jobs/{job}/progress").json()
             assert after["rows"] >= before["rows"]  # committed progress never goes back
             wait_created(http, job)
@@ -187,8 +187,6 @@ def test_kill_9_of_the_worker_mid_backfill(db: Database, fresh_db_url: str) -> N
         finally:
             writer.stop.set()
             writer.thread.join(timeout=30)
-            second.terminate()
-            second.wait(timeout=30)
 
 
 def test_cancelling_jobs_mid_backfill_leaves_the_other_jobs_alone(

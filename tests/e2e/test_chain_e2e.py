@@ -4,10 +4,7 @@ empty view after its worker is killed (a chain has no mid-backfill progress)."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -26,7 +23,7 @@ from tests.kit.e2e import (
     wait_created,
     wait_for,
 )
-from tests.kit.live import live_server
+from tests.kit.live import live_server, worker_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -79,14 +76,16 @@ def test_a_killed_chain_restarts_from_an_empty_view(db: Database, fresh_db_url: 
         worker_lease_ms=1_000,
         spawn_embedded_worker=False,
     )
-    backfill = str(Path(sys.executable).parent / "backfill")
-    with live_server(settings, db) as url, http_client(url, timeout=60) as http:
+    with (
+        live_server(settings, db) as url,
+        worker_processes(url) as start_worker,
+        http_client(url, timeout=60) as http,
+    ):
         load(http, 20_000)
         writer = Writer(http, "orders", 20_000, seed=12)
         writer.thread.start()
-        first = subprocess.Popen([backfill, "worker", "--control-plane", url, "--name", "victim"])
-        second = None
         try:
+            first = start_worker("victim")
             job = create_job(http, "chain_survivor", "chain", rate_limit=4_000)
             wait_for(
                 lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 2_000,
@@ -97,9 +96,7 @@ def test_a_killed_chain_restarts_from_an_empty_view(db: Database, fresh_db_url: 
             # deletes made while nobody runs the job must not survive in the restarted view
             done = writer.batches
             wait_for(lambda: writer.batches >= done + 5, what="writes while the job is down")
-            second = subprocess.Popen(
-                [backfill, "worker", "--control-plane", url, "--name", "heir"]
-            )
+            start_worker("heir")
             wait_created(http, job)
             assert_exact(http, job)
             view = http.get(f"/v1/jobs/{job}").json()
@@ -107,8 +104,3 @@ def test_a_killed_chain_restarts_from_an_empty_view(db: Database, fresh_db_url: 
         finally:
             writer.stop.set()
             writer.thread.join(timeout=30)
-            if second is not None:
-                second.terminate()
-                second.wait(timeout=30)
-            if first.poll() is None:
-                first.kill()

@@ -9,10 +9,7 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +22,7 @@ from spark_workers.runtime import Worker
 from tests.kit.auth import http_client
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka, Producer
-from tests.kit.live import live_server
+from tests.kit.live import live_server, worker_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka]
 
@@ -109,23 +106,21 @@ def test_source_backfill_at_scale_is_exact_through_rescale_and_kill(
         worker_lease_ms=3_000,
         spawn_embedded_worker=False,
     )
-    backfill = str(Path(sys.executable).parent / "backfill")
     # the Spark path has its own e2e test; here the worker reads in its driver
     env = {**os.environ, "BACKFILL_SPARK_MODE": "never"}
     kafka.load(TOPIC, [(i % MOCK_PARTITIONS, doc(i)) for i in range(INITIAL)])
 
-    def worker(name: str) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [backfill, "worker", "--control-plane", url, "--name", name], env=env
-        )
-
-    with live_server(settings, db) as url, http_client(url, timeout=180) as http:
+    with (
+        live_server(settings, db) as url,
+        worker_processes(url, env) as worker,
+        http_client(url, timeout=180) as http,
+    ):
         create_source(http, kafka)
         # as many messages as the other tests' producer, in fewer batches: every reader
         # of the topic (verify too) pays one fetch per batch
         producer = Producer(kafka, TOPIC, doc, INITIAL, seed=4, every_s=0.2, most=240)
         producer.thread.start()
-        first, second = worker("victim"), None
+        first = worker("victim")
         try:
             job = create_job(
                 http,
@@ -164,7 +159,7 @@ def test_source_backfill_at_scale_is_exact_through_rescale_and_kill(
             at_kill = still_backfilling(http, job)
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=30)
-            second = worker("heir")
+            worker("heir")
             wait_for(
                 lambda: http.get(f"/v1/jobs/{job}").json()["recoveries"] > recoveries,
                 SLOW,
@@ -202,11 +197,6 @@ def test_source_backfill_at_scale_is_exact_through_rescale_and_kill(
         finally:
             producer.stop.set()
             producer.thread.join(timeout=30)
-            if second is not None:
-                second.terminate()
-                second.wait(timeout=30)
-            if first.poll() is None:
-                first.kill()
 
 
 def readable(kafka: MockKafka) -> int:

@@ -105,14 +105,17 @@ def child_process(
 
 
 @contextmanager
-def worker_processes(url: str) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
+def worker_processes(
+    url: str, env: dict[str, str] | None = None
+) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
     """Start ``backfill worker`` processes named as asked (for tests that kill -9 one
-    and start its heir); those still running at the end are terminated."""
+    and start its heir), with ``env`` if given; those still running at the end are
+    terminated."""
     started: list[subprocess.Popen[bytes]] = []
 
     def start(name: str) -> subprocess.Popen[bytes]:
         started.append(
-            subprocess.Popen([BACKFILL, "worker", "--control-plane", url, "--name", name])
+            subprocess.Popen([BACKFILL, "worker", "--control-plane", url, "--name", name], env=env)
         )
         return started[-1]
 
