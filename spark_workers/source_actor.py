@@ -106,12 +106,19 @@ class SourceRunner:
 
     # epochs -----------------------------------------------------------------
 
-    def _backfill_info(self) -> dict[str, int | None]:
-        """split -> last existing offset (None: the partition is empty: nothing to backfill).
+    def _backfill_info(self, source_ranges: dict[str, list[int]]) -> dict[str, int | None]:
+        """split -> the last offset to backfill (None: nothing to backfill).
 
         Unlike the seed, a split that has backfilled up to the end keeps its target
         rather than finishing at once: the shared source may still be behind it, and
         only the upstream rows can tell (SourceCachingUp), so nothing is emitted twice.
+
+        Also unlike the seed, the target is never past the last offset the shared source
+        reached in the epoch the first barrier opens (``source_ranges``): the rows go to
+        that epoch, and the view must equal the source's messages at every epoch. The
+        seed takes the partition's latest offset, so a source lagging behind its topic
+        (throttled, or held up by a recovery) had the view ahead of it. From then on the
+        upstream rows move the target, never past the source either.
         """
         unfinished = self.executor.unfinished_splits()
         if not unfinished:
@@ -120,7 +127,13 @@ class SourceRunner:
         info: dict[str, int | None] = {}
         for split, offset in unfinished:
             low, high = marks[int(split)]
-            info[split] = None if (low == high and offset is None) else max(high - 1, low)
+            latest = max(high - 1, low)
+            if split in source_ranges:
+                latest = min(latest, int(source_ranges[split][1]) - 1)
+            if offset is None and (low == high or latest < low):
+                info[split] = None  # no message up to where the source is
+            else:
+                info[split] = latest
         return info
 
     def prefetch(self, messages: list[dict[str, Any]]) -> None:
@@ -161,7 +174,7 @@ class SourceRunner:
         barrier = barrier_of(message)
         ex = self.executor
         if not ex.started:
-            ex.on_backfill_info(self._backfill_info())
+            ex.on_backfill_info(self._backfill_info(message.get("source_ranges") or {}))
         owned = list(ex.progress)
         change = barrier.mutation.splits if barrier.mutation is not None else None
         new_owned = list(change[self.actor_id]) if change and self.actor_id in change else owned

@@ -261,3 +261,31 @@ def test_offsets_ending_in_transaction_markers_need_no_new_message(
         what="every partition finished",
     )
     assert_exact(http, job, times=2)
+
+
+def test_the_view_never_runs_ahead_of_a_stalled_source(
+    cluster: tuple[httpx.Client, Worker], kafka: MockKafka
+) -> None:
+    """The shared source is held (rate limit 0) while its topic grows. A backfill reads
+    the topic itself, but at every committed epoch the view holds only the messages the
+    source had reached then: the backfill stops where the source is, and the source's
+    own rows would take it on from there. The seed backfills up to the topic's end, so
+    the view ran ahead of the source (until then the upstream rows had kept the target
+    in step, but a source with no rows in the job's first epoch gives it none)."""
+    http, _ = cluster
+    kafka.load(TOPIC, [(i % MOCK_PARTITIONS, doc(i)) for i in range(2_000)])
+    create_source(http, kafka, rate_limit=0)  # starts at the topic's end, and stays there
+    kafka.load(TOPIC, [(i % MOCK_PARTITIONS, doc(i)) for i in range(2_000, 6_000)])
+    job = create_job(http, "behind_the_source")
+    reached: set[int] = set()
+
+    def all_the_source_has_at_more_epochs() -> bool:
+        v = http.get(f"/v1/jobs/{job}/verify").json()
+        brief = {k: x for k, x in v.items() if k != "missing"}
+        assert v["unexpected"] == [] and v["expected_rows"] == 2_000, brief
+        if v["equal"]:
+            reached.add(v["epoch"])
+        return len(reached) >= 3
+
+    wait_for(all_the_source_has_at_more_epochs, what="the backfill up to the source, no further")
+    assert progress_rows(http, job) == 2_000
