@@ -397,6 +397,9 @@ class Run:
                 writer.thread.start()
                 if producer is not None:
                     producer.thread.start()
+                # a snapshot job needs a committed upstream epoch (409 until then, "retry
+                # in a moment"): the first one, as a client that read the answer would
+                wait_for(lambda: self.committed() > 0, DEADLINE_S, what="a first commit")
                 for plan in self.s.jobs:
                     body = plan.body(TABLE, SOURCE)
                     self.jobs.append(int(self.api(http, "POST", "/v1/jobs", json=body)["id"]))
