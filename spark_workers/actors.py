@@ -246,9 +246,7 @@ class ActorRunner:
     def read_some(self, conn: Any, max_rows: int) -> int:
         """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""
         ex = self.executor
-        if self.pushed_where is not None:
-            return self._read_pushed_down(conn, max_rows)
-        if not isinstance(ex, ArrangementBackfill):
+        if self.pushed_where is not None or not isinstance(ex, ArrangementBackfill):
             return self._read_spread(conn, max_rows)
         read = ex.next_batch_read(max_rows)
         if read is None:
@@ -262,51 +260,42 @@ class ActorRunner:
         return len(rows)
 
     def _read_spread(self, conn: Any, max_rows: int) -> int:
-        """One read per pending vnode, each with its share of ``max_rows``, one round trip."""
-        ex = self.executor
-        reads = ex.next_spread_read(max_rows)
-        if not reads:
-            return -1
-        with conn.cursor() as cur:
-            self._fence(cur)
-            rows = self.upstream.snapshot_reads(
-                cur, reads[0].epoch, [(r.vnode, r.after, r.limit) for r in reads]
-            )
-            by_vnode: dict[int, list[Any]] = {}
-            for v, row in rows:
-                by_vnode.setdefault(v, []).append(row)
-            kept = []
-            for r in reads:
-                got = by_vnode.get(r.vnode, [])
-                kept += ex.on_snapshot_rows(r, got)
-            self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
-        conn.commit()
-        return len(rows)
+        """One read per pending vnode, each with its share of ``max_rows``, one round trip.
 
-    def _read_pushed_down(self, conn: Any, max_rows: int) -> int:
-        """One read per pending vnode, run and written by one statement inside Postgres
-        (``state_store.pushdown``); the executor accounts for each vnode's summary, as
-        for the reads of a Spark task."""
+        With pushdown the reads are run and written by one statement inside Postgres
+        (``state_store.pushdown``), and the executor accounts for each vnode's summary,
+        as for the reads of a Spark task; otherwise the rows come here and go back."""
         ex = self.executor
         reads = ex.next_spread_read(max_rows)
         if not reads:
             return -1
-        assert self.pushed_where is not None
+        spread = [(r.vnode, r.after, r.limit) for r in reads]
         with conn.cursor() as cur:
             self._fence(cur)
-            got = write_view(
-                cur,
-                self.upstream,
-                self.mv,
-                reads[0].epoch,
-                [(r.vnode, r.after, r.limit) for r in reads],
-                self.pushed_where,
-                ex.open_epoch,
-            )
-            total = 0
-            for r in reads:
-                count, last = got.get(r.vnode, (0, None))
-                ex.on_read_summary(r, count, last)
-                total += count
+            if self.pushed_where is not None:
+                got = write_view(
+                    cur,
+                    self.upstream,
+                    self.mv,
+                    reads[0].epoch,
+                    spread,
+                    self.pushed_where,
+                    ex.open_epoch,
+                )
+                total = 0
+                for r in reads:
+                    count, last = got.get(r.vnode, (0, None))
+                    ex.on_read_summary(r, count, last)
+                    total += count
+            else:
+                rows = self.upstream.snapshot_reads(cur, reads[0].epoch, spread)
+                by_vnode: dict[int, list[Any]] = {}
+                for v, row in rows:
+                    by_vnode.setdefault(v, []).append(row)
+                kept = []
+                for r in reads:
+                    kept += ex.on_snapshot_rows(r, by_vnode.get(r.vnode, []))
+                self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
+                total = len(rows)
         conn.commit()
         return total
