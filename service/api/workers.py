@@ -135,13 +135,24 @@ def poll(
     worker_id: int,
     ctx: Ctx,
     timeout_ms: Annotated[int, Query(ge=0, le=60_000)] = 5_000,
-) -> PollResponse:
+) -> Response:
     r = workers.poll(ctx.db, worker_id, ctx.settings.worker_lease_ms, timeout_ms, signal=ctx.signal)
-    return PollResponse(
+    # built from the catalog's own rows, so not validated (twice: here and against the
+    # response model): an answer carries every actor's job, ten times a second
+    body = PollResponse.model_construct(
         worker_id=r.worker_id,
         lease_ms=r.lease_ms,
-        assignments=[ActorAssignment(**a.__dict__) for a in r.assignments],
+        assignments=[
+            ActorAssignment.model_construct(
+                **(
+                    a.__dict__
+                    | {"barriers": [BarrierMessage.model_construct(**b) for b in a.barriers]}
+                )
+            )
+            for a in r.assignments
+        ],
     )
+    return Response(body.model_dump_json(), media_type="application/json")
 
 
 @router.post(
@@ -169,7 +180,20 @@ def _collect(
     ctx: ServiceContext, worker_id: int, items: list[CollectRequest]
 ) -> list[CollectResponse]:
     results = workers.collect(
-        ctx.db, worker_id, [workers.CollectItem(**i.model_dump()) for i in items]
+        ctx.db,
+        worker_id,
+        [
+            workers.CollectItem(
+                i.actor_id,
+                i.recovery_seq,
+                i.prev_epoch,
+                i.curr_epoch,
+                i.progress,
+                i.rows,
+                i.finished,
+            )
+            for i in items
+        ],
     )
     ctx.signal.notify()  # a commit may release barriers to downstream actors
     return [CollectResponse(status=r.status, committed_epoch=r.committed_epoch) for r in results]  # type: ignore[arg-type]

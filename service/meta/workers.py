@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_core import to_json
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -114,7 +114,7 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
             request_recovery(s, g, f"worker failure: {message[:200]}")
 
 
-def _job_spec(job: Job, rels: dict[int, Relation], srcs: dict[int, Source]) -> dict[str, Any]:
+def _job_spec(job: Job, rels: dict[int, Any], srcs: dict[int, Source]) -> dict[str, Any]:
     up = rels.get(job.upstream_relation_id) if job.upstream_relation_id else None
     src = srcs.get(job.upstream_source_id) if job.upstream_source_id else None
     mv = rels.get(job.mv_relation_id) if job.mv_relation_id else None
@@ -166,8 +166,16 @@ def _job_specs(s: Session, jobs: list[Job]) -> tuple[dict[int, Any], dict[int, l
     from, whose barriers must be collected first), in a few queries for all jobs."""
     rel_ids = {r for j in jobs for r in (j.upstream_relation_id, j.mv_relation_id) if r}
     src_ids = {j.upstream_source_id for j in jobs if j.upstream_source_id}
+    # the two columns a spec needs, not ORM objects: a poll answers for every actor
     rels = (
-        {r.id: r for r in s.execute(select(Relation).where(Relation.id.in_(rel_ids))).scalars()}
+        {
+            r.id: r
+            for r in s.execute(
+                select(Relation.id, Relation.storage_table, Relation.schema).where(
+                    Relation.id.in_(rel_ids)
+                )
+            )
+        }
         if rel_ids
         else {}
     )
@@ -480,7 +488,10 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
             for item in items
         ]
         try:
-            inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": json.dumps(rows)})}
+            # pydantic's serializer (in Rust): json.dumps of a batch's progress was a
+            # tenth of the control plane's time under 100 collecting actors
+            items_json = to_json(rows).decode()
+            inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": items_json})}
         except IntegrityError as e:
             gone = _dropped_actor(e)
             if gone is None:
