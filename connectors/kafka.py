@@ -217,9 +217,13 @@ class KafkaClient:
                         continue
                     out[p].append(Message(p, m.offset(), m.value()))
                     following[p] = m.offset() + 1
-                for tp in self._consumer.position([ck.TopicPartition(topic, p) for p in active]):
+                # the position past the last message kept is a gap without messages, but
+                # only while every message the consumer handed over was kept: one that
+                # reached its limit dropped the rest, and its position is past them
+                gaps = [ck.TopicPartition(topic, p) for p in active if not done(p)]
+                for tp in self._consumer.position(gaps) if gaps else []:
                     if tp.offset > following[tp.partition]:
-                        following[tp.partition] = tp.offset  # a gap: no messages there
+                        following[tp.partition] = tp.offset
                 if time.monotonic() > deadline:
                     stops = {p: todo[p][1] for p in active}
                     raise KafkaUnavailable(

@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from connectors.kafka import KafkaSpec
+from connectors.kafka import KafkaClient, KafkaSpec
 from service.catalog.models import Actor, Source, SourceOffsets
 from service.db import Database
 from service.meta import recovery
@@ -193,3 +193,23 @@ def test_the_shared_source_advances_per_epoch_and_hands_out_new_partitions(
         with db.transaction() as s:
             epochs = s.execute(select(SourceOffsets.epoch)).scalars().all()
             assert epochs and max(epochs) <= committed  # the moved epoch stays, the rest went
+
+
+def test_a_read_cut_short_by_its_limit_ends_after_its_last_message(kafka: MockKafka) -> None:
+    """Each partition is one large stored batch, so a fetch hands the reader far more
+    messages than a rate-limited read keeps: the read's end is still right after the
+    last message it kept. (It once took the consumer's position, past the dropped
+    ones, for a gap without messages: a source backfill then skipped them for good.)"""
+    kafka.load("bulk", [(i % MOCK_PARTITIONS, {"i": i}) for i in range(MOCK_PARTITIONS * 2_000)])
+    client = KafkaClient(KafkaSpec(kafka.bootstrap, "bulk", {}))
+    try:
+        for start, limit in ((None, 300), (500, 1_000), (1_990, 50)):
+            got = client.scan_ranges({p: (start, 2_000, limit) for p in range(MOCK_PARTITIONS)})
+            first = start or 0
+            for p, scan in got.items():
+                offsets = [m.offset for m in scan.messages]
+                kept = min(limit, 2_000 - first)
+                assert offsets == list(range(first, first + kept)), p
+                assert scan.end == first + kept, (p, start, limit)
+    finally:
+        client.close()
