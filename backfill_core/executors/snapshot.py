@@ -16,7 +16,10 @@ created it). The barriers the executor sees, in order:
    ``{e_k, e_k+1}``, each emitting the change log of ``e_k``, i.e. ``(e_k-1, e_k]``,
    written at ``e_k``. The barrier that reaches the upstream's latest epoch caught up:
    it reports finish (phase ``finishing``, the seed's ``finish_consuming_log_store``)
-   and the meta merges the job into the main graph there.
+   and the meta merges the job into the main graph there. Unlike the seed, the merge
+   can miss (the upstream committed that epoch first): the creating graph then replays
+   on, and its next barrier (a creating graph's: it names the upstream's latest epoch)
+   puts the job back in the log store, lag cap included.
 3. Phase 3 (``done``): every later barrier forwards the change log of the epoch it closes.
 
 The upstream is known through ``upstream_latest_epoch``, an argument of ``on_barrier``:
@@ -204,9 +207,14 @@ class SnapshotBackfill(FixedSnapshotReads):
             self._first_barrier(barrier, upstream_latest_epoch)
         elif self.phase is Phase.SNAPSHOT:
             self._snapshot_barrier(barrier, upstream_latest_epoch)
-        elif self.phase is Phase.LOG_STORE:
+        elif self.phase is Phase.LOG_STORE or upstream_latest_epoch is not None:
+            # a creating graph's barrier after the job finished means the meta did not
+            # merge it (the upstream committed the epoch it was to join at first) and
+            # replays on: the log store again, lag cap and all, so the upstream waits
+            # for the job instead of the job chasing it for ever
             emit = self._owned(changes)
             rows = len(emit)
+            self.phase = Phase.LOG_STORE
             self._log_store_barrier(barrier, upstream_latest_epoch)
         else:
             emit = self._owned(changes)

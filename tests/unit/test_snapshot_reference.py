@@ -402,6 +402,39 @@ def test_the_lag_is_reported_and_shrinks_to_finish() -> None:
     assert ex.phase is Phase.DONE and out.finished
 
 
+def test_a_missed_merge_puts_the_job_back_in_the_log_store_and_holds_the_upstream() -> None:
+    """The meta merges a finished job at the epoch its last barrier opened, unless the
+    upstream committed that epoch first: then the creating graph replays on. Its next
+    barriers name the upstream's latest epoch, and the job is back in the log store, its
+    cap holding the upstream until it finishes again; merged, it forwards."""
+    ex = SnapshotBackfill(1, [0, 1], key_of, S)
+    run_phase1(ex, {0: [(0, "a")], 1: [(1, "b")]}, lambda k: epoch(5))
+    p = 3
+    while not ex.finished:
+        ex.on_barrier(
+            Barrier(EpochPair(epoch(p), epoch(p + 1))), [], upstream_latest_epoch=epoch(5)
+        )
+        p += 1
+    assert ex.phase is Phase.FINISHING and p == 6
+    # no merge: the upstream is at epoch 12 when the creating graph's next barrier comes
+    out = ex.on_barrier(Barrier(EpochPair(epoch(6), epoch(7))), [], upstream_latest_epoch=epoch(12))
+    assert ex.phase is Phase.LOG_STORE and not out.finished
+    assert out.progress["phase"] == "log_store" and out.progress["consumed_epoch"] == epoch(6)
+    assert out.progress["pending_epoch_lag_ms"] == 6 * SPACING_MS
+    assert not ex.upstream_may_advance(epoch(12)), "the cap must hold the upstream"
+    for q in range(7, 12):
+        out = ex.on_barrier(
+            Barrier(EpochPair(epoch(q), epoch(q + 1))), [], upstream_latest_epoch=epoch(12)
+        )
+        assert ex.phase is Phase.LOG_STORE and not out.finished
+    out = ex.on_barrier(
+        Barrier(EpochPair(epoch(12), epoch(13))), [], upstream_latest_epoch=epoch(12)
+    )
+    assert ex.phase is Phase.FINISHING and out.finished
+    out = ex.on_barrier(Barrier(EpochPair(epoch(13), epoch(14))), [])  # merged: a main barrier
+    assert ex.phase is Phase.DONE and out.finished
+
+
 def test_an_upstream_that_did_not_move_finishes_when_the_log_store_starts() -> None:
     ex = SnapshotBackfill(1, [0], key_of, S)
     run_phase1(ex, {}, lambda k: S)
