@@ -40,23 +40,22 @@ def test_arrangement_backfill_is_exact_under_concurrent_writes(
 ) -> None:
     http, worker = cluster
     load(http, 200_000)
-    writer = Writer(http, "orders", 200_000, seed=1)
-    writer.thread.start()
-    body = {
-        "name": "big_orders",
-        "upstream": {"table": "orders"},
-        "columns": ["id", "amount"],
-        "filter": {"col": "amount", "op": ">=", "value": 50},
-        "backfill": "arrangement",
-        "parallelism": 3,
-    }
-    r = http.post("/v1/jobs", json=body)
-    assert r.status_code == 202, r.text
-    job = r.json()["id"]
-    wait_for(lambda: http.get(f"/v1/jobs/{job}").json()["state"] == "created", what="job created")
-    assert_exact(http, job, times=3)
-    writer.stop.set()
-    writer.thread.join(timeout=30)
+    with Writer(http, "orders", 200_000, seed=1) as writer:
+        body = {
+            "name": "big_orders",
+            "upstream": {"table": "orders"},
+            "columns": ["id", "amount"],
+            "filter": {"col": "amount", "op": ">=", "value": 50},
+            "backfill": "arrangement",
+            "parallelism": 3,
+        }
+        r = http.post("/v1/jobs", json=body)
+        assert r.status_code == 202, r.text
+        job = r.json()["id"]
+        wait_for(
+            lambda: http.get(f"/v1/jobs/{job}").json()["state"] == "created", what="job created"
+        )
+        assert_exact(http, job, times=3)
     assert writer.batches > 5
     v = http.get(f"/v1/jobs/{job}/verify").json()
     assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 50_000
@@ -70,9 +69,7 @@ def test_pause_rate_limits_and_rescale_keep_the_view_exact(
 ) -> None:
     http, worker = cluster
     load(http, 10_000)
-    writer = Writer(http, "orders", 10_000, seed=2)
-    writer.thread.start()
-    try:
+    with Writer(http, "orders", 10_000, seed=2):
         job = create_job(http, "mv", rate_limit=2_000)
         wait_for(
             lambda: http.get(f"/v1/jobs/{job}/progress").json()["rows"] > 0, what="some progress"
@@ -94,9 +91,6 @@ def test_pause_rate_limits_and_rescale_keep_the_view_exact(
         assert r.json()["parallelism"] == 1
         wait_created(http, job)
         assert_exact(http, job)
-    finally:
-        writer.stop.set()
-        writer.thread.join(timeout=30)
     assert_exact(http, job, times=1)
     # rate-limited epochs stay on the driver, which ran the view inside Postgres
     assert worker.driver_pushdowns > 0
@@ -135,17 +129,14 @@ def test_a_job_created_before_any_worker_exists(db: Database, fresh_db_url: str)
     )
     with live_server(settings, db) as url, http_client(url, timeout=60) as http:
         load(http, 5_000)
-        writer = Writer(http, "orders", 5_000, seed=3)
-        writer.thread.start()
-        job = create_job(http, "early")
-        time.sleep(0.5)  # the main graph waits in recovery for a worker
-        worker = Worker(url, "late")
-        t = threading.Thread(target=worker.run, daemon=True)
-        t.start()
-        wait_created(http, job)
-        assert_exact(http, job)
-        writer.stop.set()
-        writer.thread.join(timeout=30)
+        with Writer(http, "orders", 5_000, seed=3):
+            job = create_job(http, "early")
+            time.sleep(0.5)  # the main graph waits in recovery for a worker
+            worker = Worker(url, "late")
+            t = threading.Thread(target=worker.run, daemon=True)
+            t.start()
+            wait_created(http, job)
+            assert_exact(http, job)
         worker.stop_event.set()
         t.join(timeout=30)
 
@@ -163,9 +154,7 @@ def test_kill_9_of_the_worker_mid_backfill(db: Database, fresh_db_url: str) -> N
         http_client(url, timeout=60) as http,
     ):
         load(http, 20_000)
-        writer = Writer(http, "orders", 20_000, seed=4)
-        writer.thread.start()
-        try:
+        with Writer(http, "orders", 20_000, seed=4):
             first = start_worker("victim")
             job = create_job(http, "survivor", rate_limit=5_000)
             wait_for(
@@ -184,9 +173,6 @@ def test_kill_9_of_the_worker_mid_backfill(db: Database, fresh_db_url: str) -> N
             assert "backfill_recoveries_total" in metrics
             view = http.get(f"/v1/jobs/{job}").json()
             assert view["recoveries"] >= 1 and view["recovering"] is False
-        finally:
-            writer.stop.set()
-            writer.thread.join(timeout=30)
 
 
 def test_cancelling_jobs_mid_backfill_leaves_the_other_jobs_alone(

@@ -42,9 +42,7 @@ def test_chain_backfill_is_exact_under_concurrent_writes(
     load(http, 80_000)
     with db.engine.begin() as conn:  # the planner's estimate sizes the epochs for Spark
         conn.execute(text("ANALYZE"))
-    writer = Writer(http, "orders", 80_000, seed=11)
-    writer.thread.start()
-    try:
+    with Writer(http, "orders", 80_000, seed=11) as writer:
         job = create_job(
             http,
             "chained",
@@ -59,9 +57,6 @@ def test_chain_backfill_is_exact_under_concurrent_writes(
         )
         wait_created(http, job)
         assert_exact(http, job, times=3)
-    finally:
-        writer.stop.set()
-        writer.thread.join(timeout=30)
     assert writer.batches > 5
     v = http.get(f"/v1/jobs/{job}/verify").json()
     assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 20_000
@@ -82,9 +77,7 @@ def test_a_killed_chain_restarts_from_an_empty_view(db: Database, fresh_db_url: 
         http_client(url, timeout=60) as http,
     ):
         load(http, 20_000)
-        writer = Writer(http, "orders", 20_000, seed=12)
-        writer.thread.start()
-        try:
+        with Writer(http, "orders", 20_000, seed=12) as writer:
             first = start_worker("victim")
             job = create_job(http, "chain_survivor", "chain", rate_limit=4_000)
             wait_for(
@@ -101,6 +94,3 @@ def test_a_killed_chain_restarts_from_an_empty_view(db: Database, fresh_db_url: 
             assert_exact(http, job)
             view = http.get(f"/v1/jobs/{job}").json()
             assert view["recoveries"] >= 1 and view["recovering"] is False
-        finally:
-            writer.stop.set()
-            writer.thread.join(timeout=30)

@@ -80,10 +80,8 @@ def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
     # whenever autovacuum gets to the table (it may have seen it a quarter loaded)
     with db.engine.begin() as conn:
         conn.execute(text("ANALYZE"))
-    writer = Writer(http, "orders", 60_000, seed=21)
-    writer.thread.start()
     phases: set[str] = set()
-    try:
+    with Writer(http, "orders", 60_000, seed=21) as writer:
         job = create_job(
             http,
             "snapped",
@@ -108,9 +106,6 @@ def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
             last.pop("vnodes")
             raise AssertionError(f"not created: {last}, phases {phases}") from None
         assert_exact(http, job, times=3)
-    finally:
-        writer.stop.set()
-        writer.thread.join(timeout=30)
     assert {"snapshot", "done"} <= phases, phases
     stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
     assert "event: phase_changed" in stream and '"phase": "log_store"' in stream
@@ -155,10 +150,8 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
     )
     with restartable_cluster(settings, db) as (server, start_worker, http):
         load(http, 20_000)
-        writer = Writer(http, "orders", 20_000, seed=22)
-        writer.thread.start()
-        first = start_worker("victim")
-        try:
+        with Writer(http, "orders", 20_000, seed=22) as writer:
+            first = start_worker("victim")
             job = create_job(http, "snap_survivor", "snapshot", rate_limit=3_000)
             wait_for(lambda: progress(http, job)["rows"] > 2_000, what="mid-snapshot")
             assert progress(http, job)["phase"] == "snapshot"
@@ -181,9 +174,6 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
                 server.restart()
             wait_created(http, job)
             assert_exact(http, job)
-        finally:
-            writer.stop.set()
-            writer.thread.join(timeout=30)
         stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
         # the kill and the rescale recover; the restart only when barriers were in flight
         assert stream.count("event: recovered") >= 2 and "event: created" in stream
@@ -206,9 +196,7 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
     )
     with restartable_cluster(settings, db) as (server, start_worker, http):
         load(http, 10_000)
-        writer = Writer(http, "orders", 10_000, seed=23)
-        writer.thread.start()
-        try:
+        with Writer(http, "orders", 10_000, seed=23) as writer:
             first = start_worker("replayer")
             # phase 1 takes seconds (rate limited): many upstream epochs to replay
             job = create_job(http, "replay_survivor", "snapshot", rate_limit=1_000)
@@ -239,9 +227,6 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
             start_worker("heir")
             wait_created(http, job)
             assert_exact(http, job)
-        finally:
-            writer.stop.set()
-            writer.thread.join(timeout=30)
         stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
         assert "event: recovered" in stream and "event: created" in stream
         # exact at the epochs replayed before and after the kill (a spread of them)

@@ -43,6 +43,15 @@ class Writer:
         self.epochs: list[int] = []  # the epoch of every batch, as DML answered
         self.thread = threading.Thread(target=self.run, daemon=True)
 
+    def __enter__(self) -> Writer:
+        """Writes until the block ends (however it ends)."""
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=30)
+
     @contextmanager
     def paused(self) -> Iterator[None]:
         """No write is in flight or starts inside the block (e.g. while the control plane
