@@ -17,8 +17,6 @@ from service.catalog.models import (
     Actor,
     BarrierCollect,
     Graph,
-    Job,
-    Relation,
     Source,
     SplitProgress,
     VnodeProgress,
@@ -114,25 +112,24 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
             request_recovery(s, g, f"worker failure: {message[:200]}")
 
 
-def _job_spec(job: Job, rels: dict[int, Any], srcs: dict[int, Source]) -> dict[str, Any]:
-    up = rels.get(job.upstream_relation_id) if job.upstream_relation_id else None
-    src = srcs.get(job.upstream_source_id) if job.upstream_source_id else None
-    mv = rels.get(job.mv_relation_id) if job.mv_relation_id else None
+def _job_spec(row: Any, srcs: dict[int, Source]) -> dict[str, Any]:
+    """The job of an ``_ACTORS_OF`` row as its actors' workers need it."""
+    src = srcs.get(row.upstream_source_id) if row.upstream_source_id else None
     return {
-        "id": job.id,
-        "name": job.name,
-        "kind": job.kind,
-        "state": job.state,
-        "upstream_table": up.storage_table if up else None,
-        "upstream_schema": up.schema if up else (src.schema if src else None),
+        "id": row.job_id,
+        "name": row.job_name,
+        "kind": row.job_kind,
+        "state": row.job_state,
+        "upstream_table": row.up_table,
+        "upstream_schema": row.up_schema if row.up_table else (src.schema if src else None),
         "source": {"id": src.id, "kafka": src.kafka} if src else None,
-        "mv_table": mv.storage_table if mv else None,
-        "mv_schema": mv.schema if mv else None,
-        "columns": job.columns,
-        "filter": job.filter,
-        "rate_limit": job.rate_limit,
-        "paused": job.paused,
-        "snapshot_epoch": job.snapshot_epoch,
+        "mv_table": row.mv_table,
+        "mv_schema": row.mv_schema,
+        "columns": row.columns,
+        "filter": row.filter,
+        "rate_limit": row.rate_limit,
+        "paused": row.paused,
+        "snapshot_epoch": row.snapshot_epoch,
     }
 
 
@@ -161,56 +158,51 @@ _READY_BARRIERS = text(
 _ANY_READY = text("SELECT 1" + _READY_FROM + "LIMIT 1")
 
 
-def _job_specs(s: Session, jobs: list[Job]) -> tuple[dict[int, Any], dict[int, list[int]]]:
-    """Each job's spec, and its upstream actors (the live actors of the jobs it reads
-    from, whose barriers must be collected first), in a few queries for all jobs."""
-    rel_ids = {r for j in jobs for r in (j.upstream_relation_id, j.mv_relation_id) if r}
-    src_ids = {j.upstream_source_id for j in jobs if j.upstream_source_id}
-    # the two columns a spec needs, not ORM objects: a poll answers for every actor
-    rels = (
-        {
-            r.id: r
-            for r in s.execute(
-                select(Relation.id, Relation.storage_table, Relation.schema).where(
-                    Relation.id.in_(rel_ids)
-                )
-            )
-        }
-        if rel_ids
-        else {}
-    )
-    srcs = (
-        {x.id: x for x in s.execute(select(Source).where(Source.id.in_(src_ids))).scalars()}
-        if src_ids
-        else {}
-    )
-    specs = {j.id: _job_spec(j, rels, srcs) for j in jobs}
-    upstream_rels = {j.upstream_relation_id for j in jobs if j.upstream_relation_id}
+# A worker's started actors with their graph's incarnation, their job and the storage of
+# its relations, in one statement: a poll answers for every actor ten times a second, and
+# ORM objects for them (actor, graph, job, relations) were most of a poll's time
+_ACTORS_OF = text(
+    """
+    SELECT a.id, a.job_id, a.graph_id, a.first_epoch, a.last_epoch, a.vnodes, a.splits,
+      a.state, g.recovery_seq, j.name AS job_name, j.kind AS job_kind,
+      j.state AS job_state, j.columns, j.filter, j.rate_limit, j.paused, j.snapshot_epoch,
+      j.upstream_relation_id, j.upstream_source_id,
+      up.storage_table AS up_table, up.schema AS up_schema,
+      mv.storage_table AS mv_table, mv.schema AS mv_schema
+    FROM actors a
+    JOIN graphs g ON g.id = a.graph_id
+    JOIN jobs j ON j.id = a.job_id
+    LEFT JOIN relations up ON up.id = j.upstream_relation_id
+    LEFT JOIN relations mv ON mv.id = j.mv_relation_id
+    WHERE a.worker_id = :w AND a.first_epoch IS NOT NULL
+    ORDER BY a.id
+    """
+)
+
+# The live actors of the jobs writing the given relations (MVs read by other jobs)
+_PRODUCERS = text(
+    """
+    SELECT j.mv_relation_id, a.id FROM jobs j JOIN actors a ON a.job_id = j.id
+    WHERE j.mv_relation_id = ANY(:rels) AND a.last_epoch IS NULL
+    ORDER BY a.id
+    """
+)
+
+
+def _upstream_actors(s: Session, rows: list[Any]) -> dict[int, list[int]]:
+    """Each job's upstream actors: the live actors of the jobs it reads from, whose
+    barriers must be collected first."""
+    rels = sorted({r.upstream_relation_id for r in rows if r.upstream_relation_id})
     producers: dict[int, list[int]] = {}
-    if upstream_rels:
-        rows = s.execute(
-            select(Job.mv_relation_id, Actor.id)
-            .join(Actor, Actor.job_id == Job.id)
-            .where(Job.mv_relation_id.in_(upstream_rels), Actor.last_epoch.is_(None))
-            .order_by(Actor.id)
-        ).all()
-        for rel, actor in rows:
+    if rels:
+        for rel, actor in s.execute(_PRODUCERS, {"rels": rels}):
             producers.setdefault(rel, []).append(actor)
-    return specs, {
-        j.id: producers.get(j.upstream_relation_id, []) if j.upstream_relation_id else []
-        for j in jobs
-    }
+    return {r.job_id: producers.get(r.upstream_relation_id, []) for r in rows}
 
 
 def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
-    out = []
-    actors = s.execute(
-        select(Actor, Graph, Job)
-        .join(Graph, Graph.id == Actor.graph_id)
-        .join(Job, Job.id == Actor.job_id)
-        .where(Actor.worker_id == worker_id, Actor.first_epoch.is_not(None))
-        .order_by(Actor.id)
-    ).all()
+    out: list[Assignment] = []
+    actors = s.execute(_ACTORS_OF, {"w": worker_id}).all()
     if not actors:
         return out
     by_actor: dict[int, list[Any]] = {}
@@ -222,13 +214,20 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
             if upstream_epoch is not None:
                 b["upstream_epoch"] = upstream_epoch
             lst.append(b)
-    specs, upstreams = _job_specs(s, list({job.id: job for _, _, job in actors}.values()))
+    src_ids = {r.upstream_source_id for r in actors if r.upstream_source_id}
+    srcs = (
+        {x.id: x for x in s.execute(select(Source).where(Source.id.in_(src_ids))).scalars()}
+        if src_ids
+        else {}
+    )
+    upstreams = _upstream_actors(s, actors)
+    specs: dict[int, dict[str, Any]] = {}
     ranges: dict[tuple[int, int, int], dict[str, tuple[int, int]]] = {}
-    for actor, graph, job in actors:
+    for actor in actors:
         barriers = by_actor.get(actor.id, [])
         if actor.last_epoch is not None and not barriers:
             continue  # stopped and done
-        upstream = upstreams[job.id]
+        upstream = upstreams[actor.job_id]
         ready = []
         for b in barriers:
             if upstream:
@@ -244,18 +243,20 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
         restore = None
         if ready and (ready[0]["kind"] == "initial" or _added_by(ready[0], actor)):
             restore = _restore(s, actor)
-        if job.upstream_source_id is not None:
+        if actor.upstream_source_id is not None:
             for b in ready:
-                b["source_ranges"] = _source_ranges(s, job.upstream_source_id, b, ranges)
+                b["source_ranges"] = _source_ranges(s, actor.upstream_source_id, b, ranges)
+        if actor.job_id not in specs:
+            specs[actor.job_id] = _job_spec(actor, srcs)
         out.append(
             Assignment(
                 actor_id=actor.id,
-                job_id=job.id,
-                graph_id=graph.id,
-                recovery_seq=graph.recovery_seq,
+                job_id=actor.job_id,
+                graph_id=actor.graph_id,
+                recovery_seq=actor.recovery_seq,
                 vnodes=actor.vnodes,
                 splits=actor.splits,
-                job=specs[job.id],
+                job=specs[actor.job_id],
                 barriers=ready,
                 restore=restore,
             )
@@ -263,7 +264,7 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
     return out
 
 
-def _added_by(barrier: dict[str, Any], actor: Actor) -> bool:
+def _added_by(barrier: dict[str, Any], actor: Any) -> bool:
     """Whether ``barrier`` starts ``actor`` (a rescale adds it). An actor of a snapshot
     backfill merged into the main graph also starts at a barrier, but keeps its state."""
     adds = (barrier["mutation"] or {}).get("add") or []
@@ -284,7 +285,7 @@ def _source_ranges(
     return {split: list(r) for split, r in cache[key].items()}
 
 
-def _restore(s: Session, actor: Actor) -> dict[str, Any]:
+def _restore(s: Session, actor: Any) -> dict[str, Any]:
     """Committed progress of the actor's vnodes (or splits), to restart from."""
     if actor.splits:
         rows = s.execute(
