@@ -7,7 +7,7 @@ barrier, so a poller gets a 304 as long as nothing else about the job changed.
 from __future__ import annotations
 
 import hashlib
-import json
+import re
 from typing import Any
 
 from fastapi import Request, Response
@@ -16,20 +16,25 @@ from pydantic import BaseModel
 NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
     304: {"description": "unchanged (but for the committed epoch) since If-None-Match's ETag"}
 }
-_VOLATILE = "committed_epoch"
+# a member, not text inside a string: quotes in strings are escaped, so a key's opening
+# quote follows { or , and the match is zeroed only there
+_EPOCH_MEMBER = re.compile(rb'"committed_epoch":-?[0-9]+')
 
 
-def _without_epoch(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _without_epoch(v) for k, v in value.items() if k != _VOLATILE}
-    if isinstance(value, list):
-        return [_without_epoch(v) for v in value]
-    return value
+def _without_epoch(data: bytes) -> bytes:
+    """``data`` (JSON) with the value of every ``committed_epoch`` member zeroed: one
+    pass over the bytes (the body was parsed back and dumped sorted before, two thirds
+    of a 256-vnode progress read's time)."""
+
+    def zero(m: re.Match[bytes]) -> bytes:
+        return b'"committed_epoch":0' if data[m.start() - 1 : m.start()] in (b"{", b",") else m[0]
+
+    return _EPOCH_MEMBER.sub(zero, data)
 
 
 def conditional(request: Request, body: BaseModel) -> Response:
     data = body.model_dump_json().encode()
-    stable = json.dumps(_without_epoch(json.loads(data)), sort_keys=True).encode()
+    stable = _without_epoch(data)
     etag = 'W/"' + hashlib.blake2b(stable, digest_size=12).hexdigest() + '"'
     headers = {"ETag": etag, "Cache-Control": "no-cache"}
     wanted = {t.strip() for t in request.headers.get("if-none-match", "").split(",")}
