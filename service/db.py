@@ -23,14 +23,18 @@ READER_POOL_SIZE = 8
 # deadlock_detected and serialization_failure: Postgres rolled the victim back whole
 RETRYABLE_PGCODES = frozenset({"40P01", "40001"})
 DEADLOCK_ATTEMPTS = 3
+
+
 # jsonb in and out through pydantic's JSON (in Rust) rather than the json module: a
 # worker's poll reads some 700 small jsonb values for 100 actors (vnode ranges, columns,
 # schemas) ten times a second, and json.loads cost 5-8 us for each of them; the values
 # are the same (jsonb holds no lone surrogate, the one input the two parse differently)
-JSON_CODEC: dict[str, Any] = {
-    "json_deserializer": from_json,
-    "json_serializer": lambda value: to_json(value).decode(),
-}
+def json_text(value: Any) -> str:
+    """``value`` as JSON text, as the catalog's connections encode jsonb."""
+    return to_json(value).decode()
+
+
+JSON_CODEC: dict[str, Any] = {"json_deserializer": from_json, "json_serializer": json_text}
 
 P = ParamSpec("P")
 T = TypeVar("T")

@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_core import to_json
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -22,7 +21,7 @@ from service.catalog.models import (
     VnodeProgress,
     Worker,
 )
-from service.db import Database, retry_deadlocks
+from service.db import Database, json_text, retry_deadlocks
 from service.errors import Conflict, Gone, NotFound
 from service.meta.barriers import CollectResult, lock_graph, try_complete
 from service.meta.recovery import request_recovery
@@ -491,8 +490,7 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
         try:
             # pydantic's serializer (in Rust): json.dumps of a batch's progress was a
             # tenth of the control plane's time under 100 collecting actors
-            items_json = to_json(rows).decode()
-            inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": items_json})}
+            inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": json_text(rows)})}
         except IntegrityError as e:
             gone = _dropped_actor(e)
             if gone is None:
