@@ -233,23 +233,24 @@ _MARK_COMMITTED = text(
 
 
 # The lowest epoch a creating graph's last barrier opened (a main epoch not committed
-# yet): the main graph commits nothing at or after it meanwhile. Only once that barrier
-# is all the job has left (the hold counts from then), so the hold lasts one barrier
-# round trip of the job, not its whole replay (which the upstream must never wait for).
+# yet): the main graph commits nothing at or after it meanwhile, for MERGE_HOLD_MS after
+# that barrier went out at most. The job's replay still in flight then counts too: it
+# is what the job has left (the pending-barrier limit bounds it), and a job that always
+# has some in flight when the upstream commits the epoch it was to join at would chase
+# the upstream for ever, one worker round trip behind.
 _MERGE_CEILING = text(
     """
-    SELECT min(g.current_epoch) FROM graphs g
+    SELECT min(g.current_epoch) FROM graphs g JOIN barriers b
+      ON b.graph_id = g.id AND b.curr_epoch = g.current_epoch
     WHERE g.kind = 'creating' AND g.state = 'running' AND g.current_epoch > :committed
-      AND NOT EXISTS (SELECT 1 FROM barriers b
-                      WHERE b.graph_id = g.id AND b.curr_epoch < g.current_epoch
-                        AND b.state <> 'committed')
-      AND (SELECT max(greatest(b.injected_at, b.committed_at)) FROM barriers b
-           WHERE b.graph_id = g.id) > clock_timestamp() - make_interval(secs => :hold_s)
+      AND b.injected_at > clock_timestamp() - make_interval(secs => :hold_s)
     """
 )
 
 
-def _merge_ceiling(session: Session, graph: Graph) -> int | None:
+def merge_ceiling(session: Session, graph: Graph) -> int | None:
+    """The main epoch a creating graph's last barrier in flight opened (None: no job is
+    about to join the main graph, or ``graph`` is not the main graph)."""
     if graph.kind != "main":
         return None
     params = {"committed": graph.committed_epoch, "hold_s": MERGE_HOLD_MS / 1000}
@@ -281,7 +282,7 @@ def try_complete(session: Session, graph: Graph) -> int | None:
             break
         complete = i + 1
         if kind in COMMIT_KINDS and not ceiling_read:
-            ceiling, ceiling_read = _merge_ceiling(session, graph), True
+            ceiling, ceiling_read = merge_ceiling(session, graph), True
         if kind in COMMIT_KINDS and (ceiling is None or prev < ceiling):
             commit_at = (curr, prev)
             # rows/s is measured in upstream time: a creating graph's epochs are fake

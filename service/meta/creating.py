@@ -11,9 +11,10 @@ committed epoch ``C`` and opens ``X``, the upstream epoch after it (still open, 
 by a main barrier in flight). Once that barrier is committed, and the upstream has not
 committed ``X`` yet, the actors move into the main graph (keeping their state) and
 collect every main barrier from the one closing ``X`` on, so each upstream epoch's
-changes reach the MV at that same epoch, and the job is created. The main graph
-commits nothing at or after ``X`` while a job is about to join there (for at most
-``barriers.MERGE_HOLD_MS``); otherwise a job could chase the upstream forever.
+changes reach the MV at that same epoch, and the job is created. From the moment that
+barrier is out the main graph commits nothing at or after ``X`` and injects nothing
+(for at most ``barriers.MERGE_HOLD_MS``); otherwise a job could chase the upstream
+forever.
 
 Every barrier records the upstream's committed epoch (``upstream_epoch``): the executor's
 clock in phase 1 and its lag in phase 2.
@@ -38,7 +39,13 @@ from service.catalog.models import (
     VnodeProgress,
 )
 from service.meta import metrics
-from service.meta.barriers import _apply_lifetimes, _pop_mutation, lock_graph, try_complete
+from service.meta.barriers import (
+    _apply_lifetimes,
+    _pop_mutation,
+    lock_graph,
+    merge_ceiling,
+    try_complete,
+)
 from service.meta.epochs import MAIN_GRAPH_ID
 
 FAKE_EPOCH_SHIFT = 16
@@ -237,6 +244,21 @@ def lag_capped(s: Session) -> bool:
         if not upstream_may_advance(lag_ms(main.committed_epoch, int(consumed)), int(cap)):
             return True
     return False
+
+
+def upstream_held(s: Session) -> bool:
+    """Whether the main graph injects no barrier this tick: a replaying job's lag cap
+    holds the upstream back, or a job's last barrier is in flight (the merge hold).
+
+    During the hold the main graph commits nothing at or after the epoch the job joins
+    at anyway; new main barriers would only queue on the workers ahead of the job's last
+    barrier, and on a busy worker outlast the hold, so that the job misses its merge and
+    chases the upstream again, and again. The hold ends after ``MERGE_HOLD_MS`` at the
+    latest, so the upstream never waits longer than that for one job."""
+    main = s.get(Graph, MAIN_GRAPH_ID)
+    if main is None:
+        return False
+    return lag_capped(s) or merge_ceiling(s, main) is not None
 
 
 def replay_floor(s: Session) -> int | None:

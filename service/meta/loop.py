@@ -156,7 +156,7 @@ class MetaLoop:
         else:
             for job_id in creating.merge_caught_up(s):
                 log.info("job %s caught up with its upstream: merged", job_id)
-            if creating.lag_capped(s):
+            if creating.upstream_held(s):
                 # collects alone may not commit what a merge hold kept back
                 barriers.settle(s, graph_id)
                 return

@@ -278,24 +278,38 @@ def _busy_main_and_a_snapshot_job(
     assert g is not None
     if replayed:
         collect(w, "consumed", only={snap_actor}, before=g.current_epoch)  # all but the last
-    loop.tick()  # one more main barrier in flight
+    loop.tick()
     return job["id"], busy_actor, snap_actor
 
 
+def main_in_flight(db: Database) -> list[tuple[int, int]]:
+    return [(b.prev_epoch, b.curr_epoch) for b in barriers_of(db) if b.state != "committed"]
+
+
+@pytest.mark.parametrize("replayed", [True, False], ids=["last barrier left", "replay left"])
 def test_a_snapshot_job_joins_the_main_graph_at_its_barriers_in_flight(
-    manual: tuple[TestClient, MetaLoop], db: Database
+    manual: tuple[TestClient, MetaLoop], db: Database, replayed: bool
 ) -> None:
+    """Once a job's last barrier is out, the upstream waits for it and for the replay
+    still in flight before it (or it would chase the upstream for ever, one round trip
+    of its worker behind)."""
     client, loop = manual
     w = FakeWorker(client).register()
-    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(client, loop, db, w)
+    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(
+        client, loop, db, w, replayed=replayed
+    )
     g = graph_of_job(db, job)
     assert g is not None
     joins_at = g.current_epoch  # the main epoch after the committed one
     committed = committed_epoch(db)
     last = [b for b in barriers_of(db, g.id) if b.curr_epoch == joins_at]
     assert [(b.prev_epoch, b.state) for b in last] == [(committed, "inflight")]
-    in_flight = [(b.prev_epoch, b.curr_epoch) for b in barriers_of(db) if b.state != "committed"]
-    assert len(in_flight) >= 2 and in_flight[0][0] == joins_at
+    in_flight = main_in_flight(db)
+    assert in_flight and in_flight[0][0] == joins_at
+    # while the job's last barrier is out, the main graph injects nothing more: on a
+    # busy worker its barriers would queue ahead of the job's and outlast the hold
+    loop.tick()
+    assert main_in_flight(db) == in_flight
 
     # the busy actor collects everything: the main graph must not commit the epoch the
     # job is about to join at (its last barrier is all it has left), or the job would
@@ -315,32 +329,28 @@ def test_a_snapshot_job_joins_the_main_graph_at_its_barriers_in_flight(
     assert view["state"] == "created" and view["finished_epoch"] == committed
     (moved,) = [a for a in w.poll() if a["actor_id"] == snap_actor]
     assert moved["graph_id"] == 1 and moved["restore"] is None
-    main_in_flight = [
-        (b.prev_epoch, b.curr_epoch) for b in barriers_of(db) if b.state != "committed"
-    ]
-    assert [(b["prev"], b["curr"]) for b in moved["barriers"]] == main_in_flight
-    assert main_in_flight[0][0] == joins_at
+    assert [(b["prev"], b["curr"]) for b in moved["barriers"]] == main_in_flight(db)
+    assert len(main_in_flight(db)) > len(in_flight)  # merged: the upstream goes on
+    assert main_in_flight(db)[0][0] == joins_at
     assert committed_epoch(db) == committed  # it waits for the job's actor now
     collect(w, "consumed")
     assert committed_epoch(db) > joins_at
 
 
-@pytest.mark.parametrize("why", ["the hold ended", "the job still replays"])
-def test_without_the_hold_the_job_replays_on_and_merges_later(
-    manual: tuple[TestClient, MetaLoop], db: Database, monkeypatch: pytest.MonkeyPatch, why: str
+def test_once_the_hold_ended_the_job_replays_on_and_merges_later(
+    manual: tuple[TestClient, MetaLoop], db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The upstream waits for a job's last barrier only: not for its replay, and not
-    past the hold."""
+    """The upstream waits for a job's last barrier no longer than the hold."""
     client, loop = manual
-    if why == "the hold ended":
-        monkeypatch.setattr(barriers, "MERGE_HOLD_MS", 0)
     w = FakeWorker(client).register()
-    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(
-        client, loop, db, w, replayed=why == "the hold ended"
-    )
+    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(client, loop, db, w)
     g = graph_of_job(db, job)
     assert g is not None
     joins_at = g.current_epoch
+    held = main_in_flight(db)
+    monkeypatch.setattr(barriers, "MERGE_HOLD_MS", 0)
+    loop.tick()
+    assert len(main_in_flight(db)) > len(held)  # the main graph injects again
     collect(w, "consumed", only={busy_actor})
     assert committed_epoch(db) >= joins_at  # the upstream went past: no merge there
     collect(w, "consumed", only={snap_actor})
