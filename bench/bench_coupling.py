@@ -8,7 +8,7 @@ writer's changes) on worker A, so its barriers need a worker's collect. The back
 actors go to worker B (the least loaded). An arrangement or chain backfill runs *in* the
 main graph, so every upstream barrier waits for worker B between two snapshot reads;
 a snapshot backfill runs in a creating graph of its own and the upstream only waits
-for worker A (and once, for one barrier round trip of B, at the merge). The issue's
+for worker A (and once, at the merge, for B's last barriers, at most 5 s). The issue's
 figure is phase 1 (the snapshot read); the whole backfill is reported beside it. The
 control plane and the two workers are processes of their own, as deployed.
 """

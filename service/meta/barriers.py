@@ -23,7 +23,8 @@ from service.meta.sources import Marks
 
 COMMIT_KINDS = ("checkpoint", "initial")
 # how long the main graph keeps from committing the epoch a snapshot backfill is about
-# to join it at (see ``service.meta.creating``): about one barrier round trip of the job
+# to join it at (see ``service.meta.creating``), at most: the job's last barriers, from
+# the moment the last one went out
 MERGE_HOLD_MS = 5_000
 
 
