@@ -107,13 +107,16 @@ class ControlPlaneClient:
     def heartbeat(self) -> None:
         self._json(self._call("POST", f"/v1/workers/{self.worker_id}/heartbeat"), 204)
 
-    def poll(self, timeout_ms: int = 5000) -> dict[str, Any]:
+    def poll(self, timeout_ms: int = 5000, *, barrier_wanted: bool = False) -> dict[str, Any]:
         extra = httpx.Timeout(self.http.timeout.read or 10.0)
         wait = max(extra.read or 0.0, timeout_ms / 1000 + 10)
+        params: dict[str, Any] = {"timeout_ms": timeout_ms}
+        if barrier_wanted:
+            params["barrier_wanted"] = "true"
         r = self._call(
             "GET",
             f"/v1/workers/{self.worker_id}/barriers",
-            params={"timeout_ms": timeout_ms},
+            params=params,
             timeout=httpx.Timeout(wait),
         )
         body: dict[str, Any] = self._json(r)

@@ -53,6 +53,7 @@ class Worker:
         self.lease_ms = 10_000
         self.must_register = True
         self.driver_pushdowns = 0  # driver reads that ran inside Postgres
+        self.barrier_wanted = False  # actors read all they had: the next poll asks for it
 
     # lifecycle --------------------------------------------------------------
 
@@ -170,7 +171,10 @@ class Worker:
 
     def _step(self) -> None:
         busy = any(r.has_reads() for r in self.runners.values())
-        assignments = self.client.poll(timeout_ms=0 if busy else 2_000)["assignments"]
+        wanted, self.barrier_wanted = self.barrier_wanted, False
+        assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
+            "assignments"
+        ]
         collects = self._barriers(assignments)
         while collects:
             try:
@@ -301,6 +305,14 @@ class Worker:
                 raise
 
     def _read_until_next_barrier(self) -> None:
+        # unthrottled table actors with reads left: should they run out now, they are done
+        # (a throttled one runs out every epoch), and the barrier that reports it is wanted
+        # at once, not up to an interval later
+        reading = [
+            r
+            for r in self.runners.values()
+            if isinstance(r, ActorRunner) and r.executor.budget is None and r.has_reads()
+        ]
         while not self.stop_event.is_set():
             did = False
             large = self._spark_runners()
@@ -318,6 +330,8 @@ class Worker:
                         if isinstance(runner, ActorRunner) and runner.pushed_where is not None:
                             self.driver_pushdowns += 1
             if not did:
+                live = self.runners.values()
+                self.barrier_wanted = any(r in live and not r.has_reads() for r in reading)
                 return
             pending = self.client.poll(timeout_ms=0)["assignments"]
             if any(a["barriers"] for a in pending):

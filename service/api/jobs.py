@@ -196,11 +196,18 @@ def create_job(body: JobCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
     return idempotent(
         ctx,
         keyed,
-        create=lambda claim: jobs.create_job(ctx.db, spec, claim=claim),
+        create=lambda claim: _steered(ctx, jobs.create_job(ctx.db, spec, claim=claim)),
         respond=lambda job: _answer_create(ctx, job, body.background),
         reload=lambda ref: jobs.get_job(ctx.db, ref["job"]),
         respond_within_s=60.0 if body.background else FOREGROUND_TIMEOUT_S + 60.0,
     )
+
+
+def _steered(ctx: ServiceContext, job: Job) -> Job:
+    """A job created, paused, resumed or throttled: the mutation it queued rides the next
+    barrier, which this process's barrier loop (when it leads) then sends at once."""
+    ctx.signal.request_barrier()
+    return job
 
 
 def _answer_create(ctx: ServiceContext, job: Job, background: bool) -> tuple[int, JobView]:
@@ -293,19 +300,19 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
 
 @router.post("/{job_id}/pause", response_model=JobView)
 def pause(job_id: int, ctx: Ctx) -> JobView:
-    return _view(ctx, jobs.set_paused(ctx.db, job_id, True))
+    return _view(ctx, _steered(ctx, jobs.set_paused(ctx.db, job_id, True)))
 
 
 @router.post("/{job_id}/resume", response_model=JobView)
 def resume(job_id: int, ctx: Ctx) -> JobView:
-    return _view(ctx, jobs.set_paused(ctx.db, job_id, False))
+    return _view(ctx, _steered(ctx, jobs.set_paused(ctx.db, job_id, False)))
 
 
 @router.patch("/{job_id}", response_model=JobView)
 def patch_job(job_id: int, body: JobPatch, ctx: Ctx) -> JobView:
     fields = body.model_fields_set
     job = jobs.update_job(ctx.db, job_id, body.rate_limit, body.parallelism, "rate_limit" in fields)
-    return _view(ctx, job)
+    return _view(ctx, _steered(ctx, job))
 
 
 @router.delete("/{job_id}", status_code=204, response_class=Response)

@@ -135,7 +135,16 @@ def poll(
     worker_id: int,
     ctx: Ctx,
     timeout_ms: Annotated[int, Query(ge=0, le=60_000)] = 5_000,
+    barrier_wanted: Annotated[
+        bool,
+        Query(
+            description="the worker's actors read everything they had to: the barrier "
+            "that reports it is wanted now, not at the interval"
+        ),
+    ] = False,
 ) -> Response:
+    if barrier_wanted:
+        ctx.signal.request_barrier()
     r = workers.poll(ctx.db, worker_id, ctx.settings.worker_lease_ms, timeout_ms, signal=ctx.signal)
     # built from the catalog's own rows, so not validated (twice: here and against the
     # response model): an answer carries every actor's job, ten times a second

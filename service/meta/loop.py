@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
+# between rounds run at once for a requested barrier (a job created or steered)
+REQUESTED_ROUND_GAP_S = 0.05
 # ``run`` injects the main graph's barriers and the creating graphs' at alternate half
 # intervals. Injected together, every worker woke at once: a snapshot backfill's epoch
 # of reads ran exactly when the upstream's actors handled their barrier, and on a
@@ -172,7 +174,7 @@ class MetaLoop:
     def run(self) -> None:
         half = self.settings.barrier_interval_ms / 2000
         next_at = time.monotonic()
-        waiting_logged = migrated = False
+        waiting_logged = migrated = requested = False
         rounds = 0
         while not self._stop.is_set():
             try:
@@ -182,14 +184,24 @@ class MetaLoop:
                         log.warning("barrier loop waits for the catalog migrations to reach head")
                         waiting_logged = True
                 elif self._try_lead():
-                    self.tick(MAIN if rounds % 2 == 0 else CREATING)
-                    rounds += 1
+                    if requested:
+                        # a new job's actors (or a pause, a new rate) ride the next main
+                        # barrier: it goes out now, not up to an interval later; the
+                        # regular rounds keep their times
+                        self.tick()
+                    else:
+                        self.tick(MAIN if rounds % 2 == 0 else CREATING)
+                        rounds += 1
             except Exception:
                 # give up leadership: the next leader (maybe us) starts with a recovery
                 log.exception("barrier loop tick failed")
                 self._drop_lock_conn()
-            next_at = max(next_at + half, time.monotonic())
-            self._stop.wait(max(0.0, next_at - time.monotonic()))
+            if requested:
+                # a burst of requests gets one more round after this one, not one each
+                self._stop.wait(min(REQUESTED_ROUND_GAP_S, max(0.0, next_at - time.monotonic())))
+            else:
+                next_at = max(next_at + half, time.monotonic())
+            requested = self.signal.wait_for_barrier_request(max(0.0, next_at - time.monotonic()))
         self._drop_lock_conn(stopping=True)
 
     def start(self) -> None:
@@ -199,6 +211,7 @@ class MetaLoop:
 
     def stop(self) -> None:
         self._stop.set()
+        self.signal.request_barrier()  # ends the loop's wait
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.watcher.stop()

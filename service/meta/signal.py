@@ -1,6 +1,8 @@
-"""Wakes long polls in this process when a barrier is injected or a collect lands.
+"""Wakes long polls in this process when a barrier is injected or a collect lands, and
+its barrier loop when a mutation was queued.
 
-Other replicas' changes are still seen by the poll's periodic re-check.
+Other replicas' changes are still seen by the poll's periodic re-check, and their
+mutations ride the leader's next barrier at the interval.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ class BarrierSignal:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._generation = 0
+        self._barrier_requested = threading.Event()
 
     @property
     def generation(self) -> int:
@@ -28,3 +31,13 @@ class BarrierSignal:
             if self._generation == seen:
                 self._cond.wait(timeout_s)
             return self._generation
+
+    def request_barrier(self) -> None:
+        """A job was created or steered: its mutation need not wait for the interval."""
+        self._barrier_requested.set()
+
+    def wait_for_barrier_request(self, timeout_s: float) -> bool:
+        """Wait until a barrier is requested (True) or the timeout passes (False)."""
+        requested = self._barrier_requested.wait(timeout_s)
+        self._barrier_requested.clear()
+        return requested

@@ -208,3 +208,19 @@ def test_cancelling_jobs_mid_backfill_leaves_the_other_jobs_alone(
     assert recoveries() == before, "dropping a job recovered the graph of the others"
     assert http.get(f"/v1/jobs/{keep}/progress").json()["recent_recoveries"] == []
     assert not {r.job_id for r in worker.runners.values()} & set(doomed)
+
+
+def test_with_barriers_ten_minutes_apart_a_small_backfill_is_created_at_once(
+    db: Database, fresh_db_url: str
+) -> None:
+    """The job's first barrier goes out when it is created, and the one that reports its
+    finish as soon as the worker read everything: the job is created in seconds, not two
+    intervals later."""
+    with running_cluster(
+        db, fresh_db_url, Settings(spark_mode="never"), barrier_interval_ms=600_000
+    ) as (http, _):
+        load(http, 5_000)
+        job = create_job(http, "soon")
+        wait_created(http, job, timeout=120)
+        v = http.get(f"/v1/jobs/{job}/verify").json()
+        assert v["equal"] and v["mv_rows"] == 5_000, v

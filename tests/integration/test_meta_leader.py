@@ -1,18 +1,23 @@
-"""Leadership and the closing of epochs: one injector at a time; DML finishes first."""
+"""Leadership and the closing of epochs: one injector at a time; DML finishes first; a
+job created or steered gets its barrier at once."""
 
 from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import psycopg2
 from sqlalchemy import text
 
+from service.api.app import create_app
 from service.db import Database
 from service.meta.epochs import open_dml_epoch
 from service.meta.loop import MetaLoop
 from service.settings import Settings
-from tests.kit.meta import barriers_of
+from tests.kit.auth import api_client
+from tests.kit.e2e import wait_for
+from tests.kit.meta import FakeWorker, actors_of, barriers_of
 
 
 def _wait(cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -71,3 +76,44 @@ def test_injection_waits_for_dml_of_the_closing_epoch(db: Database, fresh_db_url
     probe.close()
     closing = barriers_of(db)[-1]
     assert closing.prev_epoch == epoch
+
+
+def test_a_job_created_or_steered_gets_its_barrier_without_waiting_for_the_interval(
+    db: Database, fresh_db_url: str
+) -> None:
+    """With a barrier every 10 minutes, a new job's actors, a pause and a new rate still
+    reach the workers at once: the API asks the barrier loop for a round."""
+    settings = Settings(
+        database_url=fresh_db_url, spawn_embedded_worker=False, barrier_interval_ms=600_000
+    )
+    with api_client(create_app(settings, db)) as client:
+        FakeWorker(client).register()
+        table = {
+            "name": "orders",
+            "columns": [{"name": "id", "type": "bigint"}],
+            "primary_key": ["id"],
+        }
+        assert client.post("/v1/tables", json=table).status_code == 201
+        wait_for(lambda: len(barriers_of(db)) >= 1, what="the initial barrier", timeout=60)
+
+        def mutations() -> list[dict[str, Any]]:
+            return [b.mutation for b in barriers_of(db) if b.mutation]
+
+        job = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "arrangement"}
+        r = client.post("/v1/jobs", json=job | {"parallelism": 2})
+        assert r.status_code == 202, r.text
+        job_id = r.json()["id"]
+        added = sorted(a.id for a in actors_of(db, job_id))
+        wait_for(
+            lambda: any(sorted(m.get("add", [])) == added for m in mutations()),
+            what="the barrier adding the job's actors",
+            timeout=60,
+        )
+        assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 200
+        wait_for(lambda: {"pause": True} in mutations(), what="the pause barrier", timeout=60)
+        assert client.patch(f"/v1/jobs/{job_id}", json={"rate_limit": 7}).status_code == 200
+        wait_for(
+            lambda: any("throttle" in m for m in mutations()),
+            what="the barrier with the new rate",
+            timeout=60,
+        )

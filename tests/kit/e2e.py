@@ -133,9 +133,8 @@ def running_cluster(
 ) -> Iterator[tuple[httpx.Client, Worker]]:
     """A live control plane (50 ms barriers, no spawned worker; ``server`` overrides its
     settings) and one in-process worker."""
-    settings = Settings(
-        database_url=url, barrier_interval_ms=50, spawn_embedded_worker=False, **server
-    )
+    defaults: dict[str, Any] = {"barrier_interval_ms": 50, "spawn_embedded_worker": False}
+    settings = Settings(database_url=url, **(defaults | server))
     with live_server(settings, db) as base:
         worker = Worker(base, name, settings=worker_settings)
         t = threading.Thread(target=worker.run, daemon=True)
