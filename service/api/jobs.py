@@ -14,7 +14,7 @@ from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
 from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
-from service.catalog import jobs
+from service.catalog import idempotency, jobs
 from service.catalog import verify as verification
 from service.catalog.models import Job
 from service.catalog.progress import RECENT_RECOVERIES, progress_snapshot
@@ -196,11 +196,19 @@ def create_job(body: JobCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
     return idempotent(
         ctx,
         keyed,
-        create=lambda claim: _steered(ctx, jobs.create_job(ctx.db, spec, claim=claim)),
+        create=lambda claim: _steered(ctx, _create(ctx, spec, claim)),
         respond=lambda job: _answer_create(ctx, job, body.background),
         reload=lambda ref: jobs.get_job(ctx.db, ref["job"]),
         respond_within_s=60.0 if body.background else FOREGROUND_TIMEOUT_S + 60.0,
     )
+
+
+def _create(ctx: ServiceContext, spec: jobs.JobSpec, claim: idempotency.Claim | None) -> Job:
+    try:
+        return jobs.create_job(ctx.db, spec, claim=claim)
+    except jobs.NoCommittedEpoch:
+        ctx.signal.request_barrier()  # so that the client's retry finds one
+        raise
 
 
 def _steered(ctx: ServiceContext, job: Job) -> Job:

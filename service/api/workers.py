@@ -12,7 +12,7 @@ from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.context import ServiceContext
-from service.meta import workers
+from service.meta import creating, workers
 
 router = APIRouter(
     prefix="/v1/workers",
@@ -205,6 +205,9 @@ def _collect(
         ],
     )
     ctx.signal.notify()  # a commit may release barriers to downstream actors
+    wanted = frozenset().union(*(creating.rounds_wanted(i.progress) for i in items))
+    if wanted:
+        ctx.signal.request_barrier(wanted)
     return [CollectResponse(status=r.status, committed_epoch=r.committed_epoch) for r in results]  # type: ignore[arg-type]
 
 

@@ -198,6 +198,10 @@ def _source_backlog(db: Database, name: str) -> int:
     return sum(high - low for low, high in marks.values())
 
 
+class NoCommittedEpoch(Conflict):
+    """A snapshot job asked for before the upstream committed any epoch."""
+
+
 def _creating_graph(s: Session, job: Job, mv: Relation, upstream: Relation, committed: int) -> None:
     """A snapshot backfill runs in a graph of its own until it merges into the main one."""
     if upstream.graph_id != MAIN_GRAPH_ID:
@@ -207,7 +211,7 @@ def _creating_graph(s: Session, job: Job, mv: Relation, upstream: Relation, comm
             {"field": "upstream"},
         )
     if committed <= 0:
-        raise Conflict(
+        raise NoCommittedEpoch(
             "the upstream has no committed epoch to take a snapshot at yet; retry in a moment",
             {"field": "upstream"},
         )

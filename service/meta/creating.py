@@ -22,6 +22,8 @@ clock in phase 1 and its lag in phase 2.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
@@ -259,6 +261,21 @@ def upstream_held(s: Session) -> bool:
     if main is None:
         return False
     return lag_capped(s) or merge_ceiling(s, main) is not None
+
+
+def rounds_wanted(progress: dict[str, Any] | None) -> frozenset[str]:
+    """The kinds of graph whose next round need not wait for the interval after a
+    snapshot job's collect: its creating graph's once the snapshot is read (phase 2 may
+    start) and while it replays (the next batch, or its last barrier, may go out), the
+    main graph's once its last barrier is collected (it may merge)."""
+    phase = (progress or {}).get("phase")
+    if phase == "finishing":
+        return frozenset({"main"})
+    if phase == "log_store" or (
+        phase == "snapshot" and (progress or {}).get("finished_snapshot") is True
+    ):
+        return frozenset({"creating"})
+    return frozenset()
 
 
 def replay_floor(s: Session) -> int | None:

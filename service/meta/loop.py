@@ -174,7 +174,8 @@ class MetaLoop:
     def run(self) -> None:
         half = self.settings.barrier_interval_ms / 2000
         next_at = time.monotonic()
-        waiting_logged = migrated = requested = False
+        waiting_logged = migrated = False
+        requested: frozenset[str] = frozenset()
         rounds = 0
         while not self._stop.is_set():
             try:
@@ -185,10 +186,10 @@ class MetaLoop:
                         waiting_logged = True
                 elif self._try_lead():
                     if requested:
-                        # a new job's actors (or a pause, a new rate) ride the next main
-                        # barrier: it goes out now, not up to an interval later; the
+                        # e.g. a new job's actors (or a pause, a new rate) ride the next
+                        # main barrier: it goes out now, not up to an interval later; the
                         # regular rounds keep their times
-                        self.tick()
+                        self.tick(requested)
                     else:
                         self.tick(MAIN if rounds % 2 == 0 else CREATING)
                         rounds += 1

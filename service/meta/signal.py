@@ -8,13 +8,15 @@ mutations ride the leader's next barrier at the interval.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 
 class BarrierSignal:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._generation = 0
-        self._barrier_requested = threading.Event()
+        self._requests = threading.Condition()
+        self._requested: set[str] = set()  # kinds of graph wanting a round now
 
     @property
     def generation(self) -> int:
@@ -32,12 +34,19 @@ class BarrierSignal:
                 self._cond.wait(timeout_s)
             return self._generation
 
-    def request_barrier(self) -> None:
-        """A job was created or steered: its mutation need not wait for the interval."""
-        self._barrier_requested.set()
+    def request_barrier(self, kinds: Iterable[str] = ("main", "creating")) -> None:
+        """The graphs of ``kinds`` have something to do that need not wait for the
+        interval (a job created or steered, actors that read everything they had to)."""
+        with self._requests:
+            self._requested.update(kinds)
+            self._requests.notify_all()
 
-    def wait_for_barrier_request(self, timeout_s: float) -> bool:
-        """Wait until a barrier is requested (True) or the timeout passes (False)."""
-        requested = self._barrier_requested.wait(timeout_s)
-        self._barrier_requested.clear()
-        return requested
+    def wait_for_barrier_request(self, timeout_s: float) -> frozenset[str]:
+        """The kinds of graph a round was requested for since the last call, waiting up
+        to ``timeout_s`` for a request (empty: none came)."""
+        with self._requests:
+            if not self._requested:
+                self._requests.wait(timeout_s)
+            kinds = frozenset(self._requested)
+            self._requested.clear()
+            return kinds

@@ -236,3 +236,28 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
         assert any(e > killed_at["committed_epoch"] for e in replayed)
         step = max(1, len(replayed) // 30)
         assert_exact_at(http, job, [snapshot_epoch, *replayed[::step], replayed[-1], finished])
+
+
+def test_with_barriers_ten_minutes_apart_a_small_snapshot_job_is_created_at_once(
+    db: Database, fresh_db_url: str
+) -> None:
+    """Each step of a snapshot job that would wait for the next round goes at once: its
+    first barrier, the barrier after its snapshot is read, the one after phase 1, and
+    the merge after its last barrier."""
+    with running_cluster(
+        db, fresh_db_url, Settings(spark_mode="never"), barrier_interval_ms=600_000
+    ) as (http, _):
+        load(http, 5_000)
+        # nothing is committed yet (the first barrier commits no epoch): the 409 asks
+        # for a round, so a retry soon finds the epoch it closed
+        body = {"name": "soon", "upstream": {"table": "orders"}, "backfill": "snapshot"}
+        r = http.post("/v1/jobs", json=body)
+        assert r.status_code == 409 and "no committed epoch" in r.text, r.text
+        job = wait_for(
+            lambda: (r := http.post("/v1/jobs", json=body)).status_code == 202 and r.json()["id"],
+            timeout=60,
+            what="a committed epoch to take the snapshot at",
+        )
+        wait_created(http, job, timeout=120)
+        v = http.get(f"/v1/jobs/{job}/verify").json()
+        assert v["equal"] and v["mv_rows"] == 5_000, v
