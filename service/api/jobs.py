@@ -212,8 +212,9 @@ def _create(ctx: ServiceContext, spec: jobs.JobSpec, claim: idempotency.Claim | 
 
 
 def _steered(ctx: ServiceContext, job: Job) -> Job:
-    """A job created, paused, resumed or throttled: the mutation it queued rides the next
-    barrier, which this process's barrier loop (when it leads) then sends at once."""
+    """A job created, paused, resumed, throttled or rescaled: the mutation (or recovery) it
+    queued rides the next round, which this process's barrier loop (when it leads) then
+    runs at once."""
     ctx.signal.request_barrier()
     return job
 

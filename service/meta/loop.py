@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
-# between rounds run at once for a requested barrier (a job created or steered)
+# between the rounds run at once when asked for (``BarrierSignal.request_barrier``)
 REQUESTED_ROUND_GAP_S = 0.05
 # ``run`` injects the main graph's barriers and the creating graphs' at alternate half
 # intervals. Injected together, every worker woke at once: a snapshot backfill's epoch

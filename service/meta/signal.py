@@ -1,8 +1,8 @@
 """Wakes long polls in this process when a barrier is injected or a collect lands, and
-its barrier loop when a mutation was queued.
+its barrier loop when a graph has something to do that need not wait for the interval.
 
-Other replicas' changes are still seen by the poll's periodic re-check, and their
-mutations ride the leader's next barrier at the interval.
+Other replicas' changes are still seen by the poll's periodic re-check, and what they
+were asked for waits for the leader's next round at the interval.
 """
 
 from __future__ import annotations
