@@ -330,8 +330,9 @@ class Worker:
                         if isinstance(runner, ActorRunner) and runner.pushed_where is not None:
                             self.driver_pushdowns += 1
             if not did:
-                live = self.runners.values()
-                self.barrier_wanted = any(r in live and not r.has_reads() for r in reading)
+                self.barrier_wanted = any(
+                    self.runners.get(r.actor_id) is r and not r.has_reads() for r in reading
+                )
                 return
             pending = self.client.poll(timeout_ms=0)["assignments"]
             if any(a["barriers"] for a in pending):

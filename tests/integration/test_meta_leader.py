@@ -4,7 +4,6 @@ job created or steered gets its barrier at once."""
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import psycopg2
@@ -20,18 +19,11 @@ from tests.kit.e2e import wait_for
 from tests.kit.meta import FakeWorker, actors_of, barriers_of
 
 
-def _wait(cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.01)
-
-
 def test_two_control_planes_never_inject_at_once(db: Database, fresh_db_url: str) -> None:
     settings = Settings(database_url=fresh_db_url, barrier_interval_ms=10)
     a, b = MetaLoop(settings, db), MetaLoop(settings, db)
     a.start()
-    _wait(lambda: a.is_leader.is_set())
+    wait_for(lambda: a.is_leader.is_set(), timeout=60)
     b.start()
     leaders_seen: list[int] = []
 
@@ -39,12 +31,12 @@ def test_two_control_planes_never_inject_at_once(db: Database, fresh_db_url: str
         leaders_seen.append(int(a.is_leader.is_set()) + int(b.is_leader.is_set()))
         return len(barriers_of(db)) >= 40
 
-    _wait(sample)
+    wait_for(sample, timeout=60)
     assert not b.is_leader.is_set() and max(leaders_seen) == 1
     a.stop()  # the leader goes away; the other takes over
-    _wait(lambda: b.is_leader.is_set())
+    wait_for(lambda: b.is_leader.is_set(), timeout=60)
     n = len(barriers_of(db))
-    _wait(lambda: len(barriers_of(db)) >= n + 20)
+    wait_for(lambda: len(barriers_of(db)) >= n + 20, timeout=60)
     b.stop()
     bs = barriers_of(db)
     assert [x.curr_epoch for x in bs] == sorted({x.curr_epoch for x in bs})
@@ -69,7 +61,7 @@ def test_injection_waits_for_dml_of_the_closing_epoch(db: Database, fresh_db_url
                 cur.execute("SELECT count(*) FROM pg_locks WHERE NOT granted")
                 return bool(cur.fetchone()[0])
 
-        _wait(injector_waits)
+        wait_for(injector_waits, timeout=60)
         assert barriers_of(db)[-1].curr_epoch == epoch  # not closed yet
         s.execute(text("SELECT 1"))
     ticker.join(timeout=60)
