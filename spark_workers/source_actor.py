@@ -198,12 +198,14 @@ class SourceRunner:
             ):
                 cur.execute(_ALL_FINISHED, {"job": self.job_id})
                 others_finished = bool(cur.fetchone()[0])
-            upstream = self._upstream(message.get("source_ranges") or {}, new_owned)
+            ranges = message.get("source_ranges") or {}
+            upstream = self._upstream(ranges, new_owned)
             out = ex.on_barrier(
                 barrier,
                 [(str(m.partition), m.offset) for m in upstream],
                 others_finished=others_finished,
                 committed=committed,
+                source_ends={s: int(ranges[s][1]) for s in new_owned if s in ranges},
             )
             fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
             rows = [parse_row(self.schema, upstream[i]) for i in out.emit]

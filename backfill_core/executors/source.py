@@ -23,6 +23,14 @@ proves that the backfill has emitted everything up to the target, so the split c
 up from the target, ``SourceCachingUp(target)``, instead of waiting for a newer
 upstream message to move the target onto a message.
 
+A second decision the seed lacks, ``on_source_end``: every barrier also says where the
+shared source now is in each split (the end of its offsets in the epoch, exclusive). A
+split caching up from ``o`` is finished once the source is past ``o``, even when no
+message at or beyond ``o`` came with it. In the seed such a split waits for the next
+message: when the backfill stops at an offset the source had already delivered (the
+target the upstream rows set) and the topic then goes quiet, the split would stay
+``SourceCachingUp`` (and the actor in the backfill stage) until someone writes again.
+
 The actor reports finish once every split is ``SourceCachingUp`` or ``Finished``, but
 stays in the backfill stage until every split of the job (on all actors) is
 ``Finished``: until then a split migrated in may still need a backfill.
@@ -48,6 +56,7 @@ __all__ = [
     "SplitState",
     "on_backfill_end",
     "on_backfill_row",
+    "on_source_end",
     "on_upstream_row",
     "should_report_finished",
     "split_order",
@@ -167,6 +176,16 @@ def on_backfill_end(p: SplitProgress, end: int | None) -> SplitProgress:
     return p
 
 
+def on_source_end(p: SplitProgress, end: int) -> SplitProgress:
+    """The shared source delivered every message of the split below ``end`` (exclusive).
+    Caching up from ``offset``, with the source past it: the upstream rows up to the
+    offset were dropped as the backfill's, any newer one would have finished the split
+    already, so none is missing: the split is finished (nothing to emit)."""
+    if p.state is SplitState.SOURCE_CACHING_UP and p.offset is not None and end > p.offset:
+        return replace(p, state=SplitState.FINISHED, offset=None)
+    return p
+
+
 def split_visible_prefix(offsets: Sequence[int], p: SplitProgress) -> int:
     """How many leading ``offsets`` (read after ``p``) are visible: up to and including the
     first at or beyond the target, none unless the split is backfilling."""
@@ -256,11 +275,13 @@ class SourceBackfill:
         *,
         others_finished: bool = False,
         committed: Mapping[str, SplitProgress] | None = None,
+        source_ends: Mapping[str, int] | None = None,
     ) -> SourceBarrierOutput:
         """Report the closing epoch, apply the mutation, then open the next epoch with its
         upstream rows. ``others_finished``: every split of the job on the other actors is
         ``Finished`` in committed progress; ``committed``: that progress, for splits
-        migrating in."""
+        migrating in; ``source_ends``: split -> the end (exclusive) of the source's
+        offsets in the epoch opened, past its upstream rows (``on_source_end``)."""
         forwarding = self.phase is Phase.FORWARDING
         finished = forwarding or (self.started and should_report_finished(self.progress))
         out_progress = {"splits": self.progress_rows()}
@@ -273,7 +294,7 @@ class SourceBackfill:
             target = mutation.splits.get(self.actor_id)
             if target is not None:
                 progress = self._split_change(target, committed or {})
-        _check_upstream(upstream, progress)
+        _check_upstream(upstream, progress, source_ends or {})
 
         self.paused, self.rate_limit = apply_flow_mutation(
             self.actor_id, mutation, self.paused, self.rate_limit
@@ -293,6 +314,8 @@ class SourceBackfill:
             self.progress[s], visible = on_upstream_row(self.progress[s], offset)
             if visible:
                 emit.append(i)
+        for s, end in (source_ends or {}).items():
+            self.progress[s] = on_source_end(self.progress[s], end)
 
         self.started = True
         self.open_epoch = barrier.epoch.curr
@@ -462,7 +485,9 @@ class SourceBackfill:
         return {"splits": self.progress_rows(), "phase": self.phase.value}
 
 
-def _check_upstream(upstream: Sequence[tuple[str, int]], owned: Mapping[str, Any]) -> None:
+def _check_upstream(
+    upstream: Sequence[tuple[str, int]], owned: Mapping[str, Any], ends: Mapping[str, int]
+) -> None:
     last: dict[str, int] = {}
     for s, offset in upstream:
         if s not in owned:
@@ -470,3 +495,8 @@ def _check_upstream(upstream: Sequence[tuple[str, int]], owned: Mapping[str, Any
         if s in last and offset <= last[s]:
             raise ValueError(f"upstream offsets of split {s} must ascend")
         last[s] = offset
+    for s, end in ends.items():
+        if s not in owned:
+            raise ValueError(f"source end of split {s}, not owned by this actor")
+        if s in last and end <= last[s]:
+            raise ValueError(f"the source's end of split {s} is not past its rows")

@@ -9,11 +9,14 @@ applied; an actor that reported finish leaves the backfill stage once every spli
 the job is ``Finished``. The forward stage only forwards and follows split changes.
 
 Messages: ``("barrier", ModelBarrier)``, ``("upstream", split, offset)``,
-``("backfill", split, offset)``, and one the seed lacks: ``("backfill_end", split,
+``("backfill", split, offset)``, and two the seed lacks: ``("backfill_end", split,
 end)``, the backfill reader saw every message of the split below ``end``: past the
 target with no row there (its tail are transaction markers), the split caches up from
-the target instead of waiting for a newer message. ``emitted[k]`` holds the (split, offset) rows made
-visible after the k-th barrier; ``reports[k]`` what the k-th barrier reported.
+the target instead of waiting for a newer message; and ``("source_end", split, end)``
+after a barrier's upstream rows, the shared source has delivered every message of the
+split below ``end``: a split caching up from an offset below ``end`` is finished (no
+newer message needed). ``emitted[k]`` holds the (split, offset) rows made visible after
+the k-th barrier; ``reports[k]`` what the k-th barrier reported.
 """
 
 from __future__ import annotations
@@ -87,6 +90,8 @@ class SourceReference:
                 self.backfill(m[1], m[2])
             elif m[0] == "backfill_end":
                 self.backfill_end(m[1], m[2])
+            elif m[0] == "source_end":
+                self.source_end(m[1], m[2])
             else:
                 raise ValueError(m)
 
@@ -186,3 +191,8 @@ class SourceReference:
         s = self.states[split]
         if s.state == BACKFILLING and s.target is not None and end > s.target:
             s.state, s.offset = CACHING_UP, s.target
+
+    def source_end(self, split: str, end: int) -> None:
+        s = self.states[split]
+        if s.state == CACHING_UP and s.offset is not None and end > s.offset:
+            s.state, s.offset = FINISHED, None

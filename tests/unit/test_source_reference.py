@@ -88,6 +88,15 @@ class Topic:
         rows = [o for o in self.offsets[split] if first <= o < stop][:limit]
         return rows, (rows[-1] + 1 if len(rows) == limit else max(first, stop))
 
+    def end(self, split: str, furthest: bool) -> int:
+        """Where the source is: an end (exclusive) below which it passed every message,
+        the lowest such or the furthest (up to the next message, or the high watermark
+        once it passed them all, markers included)."""
+        at, offsets = self.passed[split], self.offsets[split]
+        if furthest:
+            return offsets[at] if at < len(offsets) else self.high[split]
+        return offsets[at - 1] + 1 if at > 0 else 0
+
     def latest(self, split: str) -> int | None:
         """The backfill info the worker fetches: high watermark - 1 (None: empty)."""
         return self.high[split] - 1 if self.high[split] > 0 else None
@@ -129,9 +138,10 @@ class Side:
         upstream: Rows,
         others_finished: bool,
         committed: dict[str, SplitProgress],
+        ends: dict[str, int],
     ) -> None:
         out = self.impl.on_barrier(
-            b, upstream, others_finished=others_finished, committed=committed
+            b, upstream, others_finished=others_finished, committed=committed, source_ends=ends
         )
         assert out.write_epoch == b.epoch.curr
         self.last = out
@@ -143,6 +153,8 @@ class Side:
         report = self.model.barrier(ModelBarrier(b.elapsed_ms, mutation, others_finished, refs))
         for s, o in upstream:
             self.model.upstream(s, o)
+        for s, end in ends.items():
+            self.model.source_end(s, end)
         assert tuples(progress_of(out)) == report.progress
         assert [r["split"] for r in out.progress["splits"]] == sorted(report.progress, key=int)
         assert (out.rows, out.finished) == (report.rows, report.finished)
@@ -309,12 +321,15 @@ class Job:
             steps = 10**6 if draining else draw(SOURCE_STEPS)
             per_split[s] = topic.advance(s, steps if i > self.stalled.get(s, 0) else 0)
         split_major = draw(st.booleans())
+        # once it has read everything the source stands at the high watermark
+        furthest = quiet or draw(st.booleans(), label="source ends at the next message")
+        ends = {s: topic.end(s, furthest) for s in topic.offsets}
 
         b = Barrier(EpochPair(self.prev, epoch(i)), self.kind, Mutation.from_json(mutation))
         committed: dict[str, SplitProgress] = {}
         if self.other is not None:
             upstream = self._rows_for(OTHER_ACTOR, per_split, split_major)
-            self.other.barrier(b, mutation, upstream, False, {})
+            self.other.barrier(b, mutation, upstream, False, {}, self._mine(OTHER_ACTOR, ends))
             assert self.other.last is not None
             if i == self.migrate_at:
                 committed = {self.migrated: progress_of(self.other.last)[self.migrated]}
@@ -322,7 +337,7 @@ class Job:
             p.state is SplitState.FINISHED for p in self.other_progress.values()
         )
         upstream = self._rows_for(ACTOR, per_split, split_major)
-        self.actor.barrier(b, mutation, upstream, others, committed)
+        self.actor.barrier(b, mutation, upstream, others, committed, self._mine(ACTOR, ends))
         if self.other is not None:
             assert self.other.last is not None
             self.other_progress = progress_of(self.other.last)
@@ -346,6 +361,9 @@ class Job:
             assignment[str(OTHER_ACTOR)] = []
         assignment[str(ACTOR)] = [s for s, a in self.owner.items() if a == ACTOR]
         return assignment
+
+    def _mine(self, actor: int, per_split: dict[str, int]) -> dict[str, int]:
+        return {s: v for s, v in per_split.items() if self.owner.get(s) == actor}
 
     def _rows_for(self, actor: int, per_split: dict[str, list[int]], split_major: bool) -> Rows:
         mine = {s: rows for s, rows in per_split.items() if self.owner.get(s) == actor}
@@ -406,7 +424,8 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(data: st.DataObjec
         if i == job.crash_at:
             job.recover(i)
     # quiet: resume at full speed, no new data, the source passes all there is; every
-    # split (even one whose offsets end in markers) finishes its backfill and reports it
+    # split (even one whose offsets end in markers) finishes its backfill, with no newer
+    # message to meet (the source's end is enough)
     drain: dict[str, Any] | None = {
         "resume": True,
         "throttle": {str(ACTOR): None, str(OTHER_ACTOR): None},
@@ -417,6 +436,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(data: st.DataObjec
         drain = None
     for side in job.sides():
         assert side.last is not None and side.last.finished, side.impl.progress
+        assert all(p.state is SplitState.FINISHED for p in side.impl.progress.values())
     job.check_exactly_once()
     # drain: data keeps coming and the source keeps up
     for _ in range(10):
@@ -471,6 +491,32 @@ def test_the_source_meeting_the_backfilled_offset_finishes_the_split() -> None:
     out = ex.on_barrier(barrier(2), [("0", 2), ("0", 3)])  # the source had passed 0, 1
     assert out.emit == [1] and state(ex) == (SplitState.FINISHED, None)
     assert ex.next_reads(10) == []
+
+
+def test_a_backfill_stopping_where_the_source_already_is_finishes_on_a_quiet_topic() -> None:
+    ex = SourceBackfill(1, ["0"])
+    ex.on_backfill_info({"0": 1})
+    ex.on_barrier(barrier(1), [("0", 0), ("0", 1), ("0", 2)], source_ends={"0": 3})
+    assert ex.progress["0"].target_offset == 2  # the upstream rows moved the target
+    assert read_all(ex, {"0": [0, 1, 2]}) == [("0", 0), ("0", 1), ("0", 2)]
+    assert state(ex) == (SplitState.SOURCE_CACHING_UP, 2)
+    # nobody writes again: the seed would wait for message 3; the source's end says
+    # it delivered 2 already
+    out = ex.on_barrier(barrier(2), [], source_ends={"0": 3})
+    assert out.finished and out.emit == [] and state(ex) == (SplitState.FINISHED, None)
+    out = ex.on_barrier(barrier(3), [("0", 3)], source_ends={"0": 4})
+    assert out.emit == [0]
+    # a source not yet past the backfill's offset keeps the split caching up
+    ex = SourceBackfill(1, ["0"])
+    ex.on_backfill_info({"0": 5})
+    ex.on_barrier(barrier(1), [], source_ends={"0": 2})
+    read_all(ex, {"0": list(range(6))})
+    ex.on_barrier(barrier(2), [("0", 2), ("0", 3), ("0", 4)], source_ends={"0": 5})
+    assert state(ex) == (SplitState.SOURCE_CACHING_UP, 5)
+    with pytest.raises(ValueError, match="not past its rows"):
+        ex.on_barrier(barrier(3), [("0", 5)], source_ends={"0": 5})
+    with pytest.raises(ValueError, match="not owned"):
+        ex.on_barrier(barrier(3), [], source_ends={"1": 5})
 
 
 def test_offsets_ending_in_transaction_markers_do_not_hold_the_split_back() -> None:
