@@ -71,7 +71,14 @@ def db(fresh_db_url: str) -> Iterator[Database]:
 
 @pytest.fixture
 def settings(fresh_db_url: str) -> Settings:
-    return Settings(database_url=fresh_db_url, spawn_embedded_worker=False, barrier_interval_ms=20)
+    # fake workers call in only when the test does: on a loaded machine a test step can
+    # outlast the default 10 s lease, and a worker declared dead fails the test for nothing
+    return Settings(
+        database_url=fresh_db_url,
+        spawn_embedded_worker=False,
+        barrier_interval_ms=20,
+        worker_lease_ms=60_000,
+    )
 
 
 @pytest.fixture

@@ -76,7 +76,10 @@ def test_a_job_created_or_steered_gets_its_barrier_without_waiting_for_the_inter
     """With a barrier every 10 minutes, a new job's actors, a pause and a new rate still
     reach the workers at once: the API asks the barrier loop for a round."""
     settings = Settings(
-        database_url=fresh_db_url, spawn_embedded_worker=False, barrier_interval_ms=600_000
+        database_url=fresh_db_url,
+        spawn_embedded_worker=False,
+        barrier_interval_ms=600_000,
+        worker_lease_ms=60_000,  # the fake worker calls in only when the test does
     )
     with api_client(create_app(settings, db)) as client:
         FakeWorker(client).register()
