@@ -50,7 +50,11 @@ def _deadlocking_pair(db: Database, attempts: dict[str, int]) -> dict[str, objec
 def test_the_victim_of_a_deadlock_is_retried_and_both_succeed(db: Database) -> None:
     attempts: dict[str, int] = {}
     results = _deadlocking_pair(db, attempts)
-    assert sorted(results.values()) == [1, 2], results  # one went through twice
+    # both succeed, a victim after a retry: usually one retry, but on a slow machine the
+    # victim's retry can take the first row back before the other woke up, and the
+    # two deadlock again
+    assert all(isinstance(r, int) for r in results.values()), results
+    assert max(results.values()) >= 2, results
     with db.engine.connect() as conn:
         assert conn.execute(text("SELECT sum(v) FROM locks")).scalar() == 4  # no lost update
 
