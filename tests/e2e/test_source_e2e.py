@@ -80,6 +80,11 @@ RATE = 3_000  # rows/s per actor until lifted: the faults must land mid-backfill
 SLOW = 300.0  # s: stages of 200k messages on a machine shared with other test runs
 
 
+def every_split_finished(http: httpx.Client, job: int) -> bool:
+    splits = http.get(f"/v1/jobs/{job}/progress").json()["splits"]
+    return all(p["state"] == "finished" for p in splits)
+
+
 def progress_rows(http: httpx.Client, job: int) -> int:
     return int(http.get(f"/v1/jobs/{job}/progress").json()["rows"])
 
@@ -185,16 +190,11 @@ def test_source_backfill_at_scale_is_exact_through_rescale_and_kill(
             progress = http.get(f"/v1/jobs/{job}/progress").json()
             assert progress["phase"] == "done" and progress["percent"] == 100
             assert len(progress["splits"]) == MOCK_PARTITIONS
-
-            def every_split_finished() -> bool:
-                # a split caching up finishes once the shared source is past the offset
-                # its backfill ended at, with the producer stopped too (the source's end
-                # says so); the rows are all there before that (the backfill wrote them),
-                # so this may take a barrier or two after the rows caught up
-                splits = http.get(f"/v1/jobs/{job}/progress").json()["splits"]
-                return all(p["state"] == "finished" for p in splits)
-
-            wait_for(every_split_finished, SLOW, what="every split finished")
+            # a split caching up finishes once the shared source is past the offset its
+            # backfill ended at, with the producer stopped too (the source's end says so);
+            # the rows are all there before that (the backfill wrote them), so this may
+            # take a barrier or two after the rows caught up
+            wait_for(lambda: every_split_finished(http, job), SLOW, what="every split finished")
         finally:
             producer.stop.set()
             producer.thread.join(timeout=30)
@@ -247,12 +247,10 @@ def test_offsets_ending_in_transaction_markers_need_no_new_message(
     written = readable(kafka)
     job = create_job(http, "committed_events")
     wait_created(http, job)
-
-    def every_split_finished() -> bool:
-        splits = http.get(f"/v1/jobs/{job}/progress").json()["splits"]
-        return all(x["state"] == "finished" for x in splits)
-
-    wait_for(every_split_finished, what="every partition finished with no new message")
+    wait_for(
+        lambda: every_split_finished(http, job),
+        what="every partition finished with no new message",
+    )
     assert readable(kafka) == written  # nothing was written meanwhile
     assert_exact(http, job, times=2)
     assert caught_up(http, job, written)

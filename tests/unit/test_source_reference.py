@@ -15,7 +15,7 @@ source passed was emitted exactly once (over both actors).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from hypothesis import given, settings
@@ -44,6 +44,7 @@ from tests.kit.executors import (
 from tests.models.source_reference import ModelBarrier, SourceReference, SplitRef
 
 Rows = list[tuple[str, int]]
+T = TypeVar("T")
 
 
 class Topic:
@@ -362,11 +363,11 @@ class Job:
         assignment[str(ACTOR)] = [s for s, a in self.owner.items() if a == ACTOR]
         return assignment
 
-    def _mine(self, actor: int, per_split: dict[str, int]) -> dict[str, int]:
+    def _mine(self, actor: int, per_split: dict[str, T]) -> dict[str, T]:
         return {s: v for s, v in per_split.items() if self.owner.get(s) == actor}
 
     def _rows_for(self, actor: int, per_split: dict[str, list[int]], split_major: bool) -> Rows:
-        mine = {s: rows for s, rows in per_split.items() if self.owner.get(s) == actor}
+        mine = self._mine(actor, per_split)
         if split_major:
             return [(s, o) for s, rows in mine.items() for o in rows]
         out: Rows = []  # interleaved, each split's offsets still ascending
