@@ -116,6 +116,7 @@ class VersionedTable:
             json.dumps([name, schema.to_json()], sort_keys=True).encode(), digest_size=6
         ).hexdigest()
         self._internal_prefix = f"_{name[:40]}_{digest}"
+        self.identity = (name, digest)  # the table and its schema, as cache keys want them
         self.pk = list(schema.primary_key)
         self.values = [c.name for c in schema.value_columns]
         self.names = list(schema.names)
@@ -373,40 +374,51 @@ class VersionedTable:
         return self._index_ordered(cur, q, [*params, limit])
 
     def snapshot_reads_query(
-        self, epoch: int, reads: Sequence[tuple[int, Row | None, int]], *, as_text: bool = False
+        self,
+        epoch: int,
+        reads: Sequence[tuple[int, Row | None, int]],
+        *,
+        as_text: bool = False,
+        param: Callable[[], sql.Composable] = sql.Placeholder,
     ) -> tuple[sql.Composed, list[Any]]:
         """One query for several vnode reads ``(vnode, after pk, limit)``, each with its
         own limit, in the order given: ``(vnode, *columns)`` rows.
 
         ``as_text`` casts numeric and jsonb to text (exact, and cheap to move on) and
         gives timestamptz as UTC wall time (an unambiguous form for CSV readers).
+        ``param`` makes each placeholder, in the order of the parameters returned.
         """
-        return self._snapshot_branches(epoch, reads, as_text=as_text)
+        return self._snapshot_branches(epoch, reads, as_text=as_text, param=param)
 
     def _snapshot_branches(
-        self, epoch: int, reads: Sequence[tuple[int, Row | None, int]], *, as_text: bool = False
+        self,
+        epoch: int,
+        reads: Sequence[tuple[int, Row | None, int]],
+        *,
+        as_text: bool = False,
+        param: Callable[[], sql.Composable] = sql.Placeholder,
     ) -> tuple[sql.Composed, list[Any]]:
         outer: sql.Composable = _ids(self.names)
         if as_text:
             outer = sql.SQL(", ").join(_as_text(c.name, c.type) for c in self.schema.columns)
         branches = []
-        params: list[Any] = []
-        for vnode, after, limit in reads:
+        for _, after, _ in reads:
+            # placeholders in the order of ``snapshot_params``: vnode, epoch, after, limit
             conds = [
-                sql.SQL("{} = %s AND {} <= %s").format(sql.Identifier(VNODE), sql.Identifier(EPOCH))
+                sql.SQL("{} = {} AND {} <= {}").format(
+                    sql.Identifier(VNODE), param(), sql.Identifier(EPOCH), param()
+                )
             ]
-            params += [vnode, epoch]
             if after is not None:
                 conds.append(
                     sql.SQL("({}) > ({})").format(
-                        _ids(self.pk), sql.SQL(", ").join(sql.Placeholder() * len(self.pk))
+                        _ids(self.pk), sql.SQL(", ").join(param() for _ in self.pk)
                     )
                 )
-                params += list(after)
             branches.append(
                 sql.SQL(
                     "(SELECT {vn}, {outer} FROM (SELECT DISTINCT ON ({pk}) {vn}, {cols}, {dl} FROM {t} "
-                    "WHERE {conds} ORDER BY {pk}, {ep} DESC) s WHERE NOT {dl} LIMIT %s)"
+                    "WHERE {conds} ORDER BY {pk}, {ep} DESC) s WHERE NOT {dl} LIMIT {limit})"
                 ).format(
                     vn=sql.Identifier(VNODE),
                     outer=outer,
@@ -416,10 +428,22 @@ class VersionedTable:
                     t=self.ident,
                     conds=sql.SQL(" AND ").join(conds),
                     ep=sql.Identifier(EPOCH),
+                    limit=param(),
                 )
             )
+        return sql.SQL(" UNION ALL ").join(branches), self.snapshot_params(epoch, reads)
+
+    @staticmethod
+    def snapshot_params(epoch: int, reads: Sequence[tuple[int, Row | None, int]]) -> list[Any]:
+        """The parameters of ``snapshot_reads_query`` for these reads (a prepared form of
+        the query takes them without composing it again)."""
+        params: list[Any] = []
+        for vnode, after, limit in reads:
+            params += [vnode, epoch]
+            if after is not None:
+                params += list(after)
             params.append(limit)
-        return sql.SQL(" UNION ALL ").join(branches), params
+        return params
 
     def snapshot_reads(
         self, cur: Any, epoch: int, reads: Sequence[tuple[int, Row | None, int]]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
 from backfill_core.view import View
-from state_store.pushdown import write_view
+from state_store.pushdown import PREPARED_PER_CONNECTION, write_view
 from state_store.versioned import VersionedTable
 from state_store.view_sql import filter_sql
 
@@ -36,6 +36,9 @@ FILTERS = [
     {"col": "d", "op": ">", "value": 0},
     {"or": [{"col": "t", "op": "is_null"}, {"not": {"col": "t", "op": "<", "value": "m"}}]},
     {"col": "n", "op": "in", "value": ["1.5", "2"]},
+    # the driver formats "%" in a statement it is given parameters for: a constant with
+    # one must reach the server as it is
+    {"or": [{"col": "t", "op": "=", "value": "%s"}, {"col": "t", "op": ">=", "value": "m%"}]},
 ]
 E1, E2, WRITE = 1 << 16, 2 << 16, 3 << 16
 _names = itertools.count()
@@ -120,5 +123,71 @@ def test_a_pushed_down_read_writes_the_view_of_what_it_read(
             got = mv.snapshot(cur, WRITE, (0, 8))
             assert {mv.key_of(r): r for _, r in got} == expected
             assert len(got) == len(expected)
+    finally:
+        conn.rollback()
+
+
+def test_successive_reads_of_one_shape_share_one_prepared_statement(conn: Any) -> None:
+    """A backfill reads the same vnodes epoch after epoch: the statement is prepared once
+    per shape of reads (vnodes with and without a position), then executed with each
+    read's positions and limits; the view ends up whole."""
+    schema = SCHEMAS["one key"]
+    upstream = VersionedTable("push_up_successive", schema)
+    view = View.build(schema, ["id", "t"], {"col": "t", "op": "!=", "value": "50%"})
+    mv = VersionedTable("push_mv_successive", view.schema)
+    where = filter_sql({"col": "t", "op": "!=", "value": "50%"}, schema, "r")
+    assert where is not None
+    rows = [_row(schema, k, 1.0, "50%" if k % 4 == 0 else "x") for k in range(200)]
+    try:
+        with conn.cursor() as cur:
+            upstream.create(cur)
+            mv.create(cur)
+            upstream.write(cur, E1, [Version(r) for r in rows])
+            cur.execute("SELECT count(*) FROM pg_prepared_statements")
+            before = cur.fetchone()[0]
+            after: dict[int, Any] = {v: None for v in range(8)}
+            done: set[int] = set()
+            rounds = 0
+            while len(done) < 8:
+                rounds += 1
+                reads = [(v, after[v], 2) for v in range(8) if v not in done]
+                summary = write_view(cur, upstream, mv, E1, reads, where, WRITE + rounds)
+                for v, _, _ in reads:
+                    if v in summary:
+                        after[v] = summary[v][1]
+                    else:
+                        done.add(v)
+            cur.execute("SELECT count(*) FROM pg_prepared_statements")
+            # the first round's shape, then one per power of two of vnodes still reading
+            # (8, 4, 2, 1), whatever the number of rounds
+            assert cur.fetchone()[0] - before <= 5 < rounds
+            got = mv.snapshot(cur, WRITE + rounds, (0, 8))
+            assert sorted(r for _, r in got) == sorted(view.rows(rows))
+            assert len(got) == 150
+    finally:
+        conn.rollback()
+
+
+def test_prepared_statements_beyond_the_bound_are_deallocated(conn: Any) -> None:
+    schema = SCHEMAS["one key"]
+    upstream = VersionedTable("push_up_bound", schema)
+    where = filter_sql(None, schema, "r")
+    assert where is not None
+    try:
+        with conn.cursor() as cur:
+            upstream.create(cur)
+            upstream.write(cur, E1, [Version(_row(schema, k, 1.0, "x")) for k in range(50)])
+            for n in range(PREPARED_PER_CONNECTION + 5):
+                mv = VersionedTable(f"push_mv_bound_{n}", View.build(schema, ["id"], None).schema)
+                mv.create(cur)
+                summary = write_view(cur, upstream, mv, E1, [(n % 8, None, 3)], where, WRITE)
+                assert sum(count for count, _ in summary.values()) <= 3
+                assert len(mv.snapshot(cur, WRITE, (0, 8))) == sum(
+                    count for count, _ in summary.values()
+                )
+            cur.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'backfill_write_view_%'"
+            )
+            assert cur.fetchone()[0] == PREPARED_PER_CONNECTION
     finally:
         conn.rollback()
