@@ -19,6 +19,13 @@ from service.settings import Settings
 # built with LLVM would JIT-compile every branch, which costs more than the query
 # itself (measured: 11.5 s instead of 0.5 s for 1M rows over 128 vnodes).
 NO_JIT = "-c jit=off"
+# A worker's writes need not wait for the WAL flush: they count only once the control
+# plane commits their epoch, and that commit (synchronous) flushes the WAL up to itself,
+# past every write the workers committed before collecting. Waiting would add a flush
+# per actor, read and epoch, which the upstream's commits queue behind on a shared
+# server. A crash before the epoch's commit loses the epoch either way (recovery rolls
+# the view back to the committed epoch).
+WORKER_DATA_OPTIONS = NO_JIT + " -c synchronous_commit=off"
 READER_POOL_SIZE = 8
 # deadlock_detected and serialization_failure: Postgres rolled the victim back whole
 RETRYABLE_PGCODES = frozenset({"40P01", "40001"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import warnings
@@ -18,6 +19,7 @@ class EmbeddedPostgres:
         self.pgdata = Path(data_dir).resolve() / "pgdata"
         self._stop_on_exit = stop_on_exit
         self._server: Any = None
+        self._restarted = False
 
     def start(self) -> str:
         """Start the server if needed; returns a SQLAlchemy URL (psycopg2, unix socket)."""
@@ -34,6 +36,7 @@ class EmbeddedPostgres:
                 self.pgdata, cleanup_mode="stop" if self._stop_on_exit else None
             )
         uri: str = self._server.get_uri()
+        _configure(uri)
         log.info("embedded Postgres running under %s", self.pgdata)
         return to_sqlalchemy_url(uri)
 
@@ -49,11 +52,53 @@ class EmbeddedPostgres:
             pgdata=self.pgdata,
             user=self._server.system_user,
         )
+        self._restarted = True
 
     def stop(self) -> None:
         if self._server is not None:
+            user = self._server.system_user
             self._server.cleanup()
             self._server = None
+            if self._stop_on_exit and self._restarted and (self.pgdata / "postmaster.pid").exists():
+                # pgserver stops the postmaster it started, which a restart replaced
+                from pgserver._commands import pg_ctl
+
+                pg_ctl(["-w", "-m", "fast", "stop"], pgdata=self.pgdata, user=user)
+
+
+# Server settings of the embedded Postgres (kept in its postgresql.auto.conf).
+SERVER_SETTINGS = {
+    # A new 16 MB WAL segment is otherwise written full of zeros and flushed while the
+    # WAL write lock is held: every commit waits meanwhile. A backfill writes WAL fast
+    # enough to need a new segment every second or two, and each one stalled the
+    # upstream's barrier commits by 30-50 ms (most of the p99 a throttled snapshot
+    # backfill added, see the README's coupling section). Without zero-filling, the
+    # segment's last byte is written and space is taken as WAL is written.
+    "wal_init_zero": "off",
+}
+
+
+def _configure(uri: str) -> None:
+    """Apply ``SERVER_SETTINGS`` where they differ (at once: they need no restart)."""
+    import psycopg2
+
+    conn = psycopg2.connect(uri)
+    try:
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(
+                "SELECT name FROM pg_settings WHERE name = ANY(%s) AND "
+                "setting IS DISTINCT FROM (%s::jsonb ->> name)",
+                [list(SERVER_SETTINGS), json.dumps(SERVER_SETTINGS)],
+            )
+            stale = [name for (name,) in cur.fetchall()]
+            for name in stale:
+                # names and values are this module's constants, not input
+                cur.execute(f"ALTER SYSTEM SET {name} = %s", [SERVER_SETTINGS[name]])
+            if stale:
+                cur.execute("SELECT pg_reload_conf()")
+    finally:
+        conn.close()
 
 
 def to_sqlalchemy_url(url: str) -> str:

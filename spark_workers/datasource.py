@@ -43,7 +43,7 @@ from pyspark.sql.datasource import (
 )
 
 from backfill_core.schema import ColumnType, TableSchema, coerce_value, value_to_json
-from service.db import NO_JIT
+from service.db import WORKER_DATA_OPTIONS
 
 FORMAT = "backfill_store"
 
@@ -183,7 +183,7 @@ class SnapshotReader(DataSourceReader):  # type: ignore[misc]
         reads = [(v, plan.pk_from_json(a), n) for v, a, n in plan.partitions[partition.index]]
         if not reads:
             return
-        conn = psycopg2.connect(plan.dsn, options=NO_JIT)
+        conn = psycopg2.connect(plan.dsn, options=WORKER_DATA_OPTIONS)
         try:
             with conn.cursor() as cur:
                 # one process per branch keeps each vnode's rows in pk order
@@ -292,7 +292,7 @@ class MvWriter(DataSourceArrowWriter):  # type: ignore[misc]
                 if batch.num_rows == 0:
                     continue
                 if conn is None:  # an empty partition (a warm-up) needs no connection
-                    conn = psycopg2.connect(plan.dsn, options=NO_JIT)
+                    conn = psycopg2.connect(plan.dsn, options=WORKER_DATA_OPTIONS)
                     _fence(conn.cursor(), plan.graph_id, plan.recovery_seq)
                 with conn.cursor() as cur:
                     batch = _canonical(batch, types)

@@ -102,7 +102,7 @@ def run_ranges(plan: dict[str, Any], ranges: list[list[Any]]) -> list[tuple[Any,
     from backfill_core.schema import TableSchema
     from backfill_core.view import View
     from connectors.kafka import KafkaClient, KafkaSpec, parse_row
-    from service.db import NO_JIT
+    from service.db import WORKER_DATA_OPTIONS
     from spark_workers.datasource import _fence
     from state_store.versioned import VersionedTable
 
@@ -130,7 +130,7 @@ def run_ranges(plan: dict[str, Any], ranges: list[list[Any]]) -> list[tuple[Any,
         )
     if rows:
         mv = VersionedTable(plan["mv_table"], TableSchema.from_json(plan["mv_schema"]))
-        conn = psycopg2.connect(plan["dsn"], options=NO_JIT)
+        conn = psycopg2.connect(plan["dsn"], options=WORKER_DATA_OPTIONS)
         try:
             with conn.cursor() as cur:
                 _fence(cur, plan["graph_id"], plan["recovery_seq"])

@@ -17,7 +17,7 @@ import json
 from typing import Any
 
 from backfill_core.schema import value_to_json
-from service.db import NO_JIT
+from service.db import WORKER_DATA_OPTIONS
 from spark_workers.datasource import Plan, _fence
 
 
@@ -38,7 +38,7 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, str]]:
         raise ValueError("this view has no SQL form; the driver should not push it down")
     upstream = VersionedTable(plan.upstream_table, plan.upstream_schema)
     mv = VersionedTable(plan.mv_table, plan.mv_schema)
-    conn: Any = psycopg2.connect(plan.dsn, options=NO_JIT)
+    conn: Any = psycopg2.connect(plan.dsn, options=WORKER_DATA_OPTIONS)
     try:
         with conn.cursor() as cur:
             _fence(cur, plan.graph_id, plan.recovery_seq)

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import psycopg2
 
-from service.db import NO_JIT
+from service.db import WORKER_DATA_OPTIONS
 from service.settings import Settings, load_settings
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
@@ -62,7 +62,7 @@ class Worker:
         self.lease_ms = int(reg["lease_ms"])
         if self.conn is not None:
             self.conn.close()
-        self.conn = psycopg2.connect(reg["database_url"], options=NO_JIT)
+        self.conn = psycopg2.connect(reg["database_url"], options=WORKER_DATA_OPTIONS)
         self.runners.clear()
         if self.settings.spark_mode != "never":
             if self.spark is not None and self.spark.dsn != reg["database_url"]:
@@ -329,7 +329,10 @@ class Worker:
                         did = True
                         if isinstance(runner, ActorRunner) and runner.pushed_where is not None:
                             self.driver_pushdowns += 1
-            if not did:
+            # a round after which nobody has reads left would do nothing: no poll to
+            # look for a barrier before it (a throttled actor spends its epoch's budget
+            # in one round: the poll cost the control plane a request every epoch)
+            if not did or not any(r.has_reads() for r in self.runners.values()):
                 self.barrier_wanted = any(
                     self.runners.get(r.actor_id) is r and not r.has_reads() for r in reading
                 )
