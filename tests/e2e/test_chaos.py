@@ -38,6 +38,9 @@ def chaos_pg(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ob
     server = EmbeddedPostgres(tmp_path_factory.mktemp("chaos_pg"))
     yield server.start(), server.restart
     server.stop()
+    # the restarts replaced the postmaster that pgserver started (and stops): it once
+    # ran on after the suite
+    assert not (server.pgdata / "postmaster.pid").exists(), "the chaos tests' Postgres runs on"
 
 
 @pytest.mark.slow
