@@ -218,14 +218,22 @@ def merge_caught_up(s: Session) -> list[int]:
 
 
 # the newest report of every actor of a creating graph that is replaying the log store
+# Each actor's newest collect in its running creating graph: one probe of the collects'
+# key per actor (the main graph asks at every tick). Sorting all the kept collects
+# instead parsed every one's progress: a few ms on each upstream barrier for the whole
+# of a snapshot backfill.
 _REPLAY_REPORTS = text(
     """
-    SELECT DISTINCT ON (c.actor_id)
-           c.progress->>'max_pending_epoch_lag_ms', c.progress->>'consumed_epoch',
-           c.progress->>'phase'
-    FROM barrier_collects c JOIN graphs g ON g.id = c.graph_id
+    SELECT r.cap, r.consumed, r.phase
+    FROM graphs g JOIN actors a ON a.graph_id = g.id
+    CROSS JOIN LATERAL (
+        SELECT c.progress->>'max_pending_epoch_lag_ms' AS cap,
+               c.progress->>'consumed_epoch' AS consumed, c.progress->>'phase' AS phase
+        FROM barrier_collects c
+        WHERE c.actor_id = a.id AND c.graph_id = g.id
+        ORDER BY c.curr_epoch DESC LIMIT 1
+    ) r
     WHERE g.kind = 'creating' AND g.state = 'running'
-    ORDER BY c.actor_id, c.curr_epoch DESC
     """
 )
 
