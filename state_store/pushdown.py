@@ -21,7 +21,7 @@ from psycopg2 import errors, sql
 
 from backfill_core.changes import Row
 from backfill_core.schema import ColumnType
-from state_store.versioned import VNODE, VersionedTable
+from state_store.versioned import VNODE, VersionedTable, index_ordered
 
 READ = "r"  # the alias of the rows read, which the view's condition refers to
 _HAS_MAX = {
@@ -168,27 +168,22 @@ def _execute(
     statement: Callable[[], sql.Composable],
     params: list[Any],
 ) -> list[tuple[Any, ...]]:
-    """Execute the statement of ``shape`` (prepared on first use) with ``params``, with
-    sorts disabled (``index_ordered``) and the generic plan (it does not depend on the
-    positions and limits the parameters carry)."""
+    """Execute the statement of ``shape`` (prepared on first use) with ``params``, index
+    ordered with the generic plan (it does not depend on the positions and limits the
+    parameters carry)."""
     prepared = _PREPARED.setdefault(cur.connection, OrderedDict())
     found = prepared.get(shape)
     if found is None:
         name = f"backfill_write_view_{next(_names)}"
         # no parameters: the text goes as it is (a PREPARE is not undone by a rollback)
         cur.execute(sql.SQL("PREPARE {} AS ").format(sql.Identifier(name)) + statement())
-        run = sql.SQL(
-            "SET LOCAL enable_sort = off; SET LOCAL plan_cache_mode = force_generic_plan; "
-            "EXECUTE {} ({})"
-        ).format(sql.Identifier(name), sql.SQL(", ").join(sql.Placeholder() * len(params)))
+        run = sql.SQL("EXECUTE {} ({})").format(
+            sql.Identifier(name), sql.SQL(", ").join(sql.Placeholder() * len(params))
+        )
         found = prepared[shape] = (name, run.as_string(cur))
         while len(prepared) > PREPARED_PER_CONNECTION:
             _, (old, _) = prepared.popitem(last=False)
             cur.execute(sql.SQL("DEALLOCATE {}").format(sql.Identifier(old)))
     else:
         prepared.move_to_end(shape)
-    # sorts off for the reason ``index_ordered`` gives; set for this statement only
-    cur.execute(found[1], params)
-    rows: list[tuple[Any, ...]] = cur.fetchall()
-    cur.execute("SET LOCAL enable_sort TO DEFAULT; SET LOCAL plan_cache_mode TO DEFAULT")
-    return rows
+    return index_ordered(cur, sql.SQL(found[1]), params, generic_plan=True)

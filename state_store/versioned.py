@@ -83,18 +83,25 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def index_ordered(cur: Any, q: sql.Composable, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+def index_ordered(
+    cur: Any, q: sql.Composable, params: Sequence[Any], *, generic_plan: bool = False
+) -> list[tuple[Any, ...]]:
     """Run a snapshot read with sorts disabled: the key index gives its order.
 
     Past a position, the planner misjudges a vnode's rows and picks a bitmap scan that
     sorts the vnode's whole rest to return one limited read (a backfill's reads then
     cost what is left of the table, every epoch). Set for this statement only; an
-    error aborts the transaction, which undoes the setting.
+    error aborts the transaction, which undoes the setting. ``generic_plan``: ``q``
+    executes a prepared statement, which then keeps one plan for any parameters.
     """
-    # one round trip for the setting and the read (the last statement's rows come back)
-    cur.execute(sql.SQL("SET LOCAL enable_sort = off; ") + q, params)
+    settings, reset = "SET LOCAL enable_sort = off; ", "SET LOCAL enable_sort TO DEFAULT"
+    if generic_plan:
+        settings += "SET LOCAL plan_cache_mode = force_generic_plan; "
+        reset += "; SET LOCAL plan_cache_mode TO DEFAULT"
+    # one round trip for the settings and the read (the last statement's rows come back)
+    cur.execute(sql.SQL(settings) + q, params)
     rows: list[tuple[Any, ...]] = cur.fetchall()
-    cur.execute("SET LOCAL enable_sort TO DEFAULT")
+    cur.execute(reset)
     return rows
 
 
