@@ -10,20 +10,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service import migrate
-from service.api.app import create_app
 from service.db import Database
 from service.meta.loop import MetaLoop
-from service.settings import Settings
-from tests.kit.auth import api_client
+from tests.kit.meta import manual_api
 
 
 @pytest.fixture
 def manual(db: Database, fresh_db_url: str) -> Iterator[tuple[TestClient, MetaLoop]]:
     """The API without its barrier loop, and that loop to drive by hand (``tick``)."""
-    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, worker_lease_ms=60_000)
-    loop = MetaLoop(settings, db)
-    with api_client(create_app(settings, db)) as client:
-        yield client, loop
+    with manual_api(db, fresh_db_url) as api:
+        yield api
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from service.api.app import create_app
 from service.catalog.models import EpochPin, Graph
 from service.db import Database
 from service.meta import barriers
 from service.meta.creating import fake_epoch_after, merge_ceiling
 from service.meta.loop import MetaLoop
-from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
-from tests.kit.auth import api_client
-from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch
+from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch, manual_api
 
 TABLE = {
     "name": "orders",
@@ -214,15 +211,8 @@ def collect_reporting(w: FakeWorker, report: dict[str, Any], most: int = 1) -> N
 def one_at_a_time(db: Database, fresh_db_url: str) -> Iterator[tuple[TestClient, MetaLoop]]:
     """As ``manual``, with one barrier in flight per graph: a replay goes out an epoch at
     a time, so its last barrier (whose merge hold would hold the upstream too) waits."""
-    settings = Settings(
-        database_url=fresh_db_url,
-        run_barrier_loop=False,
-        worker_lease_ms=60_000,
-        max_pending_barriers=1,
-    )
-    loop = MetaLoop(settings, db)
-    with api_client(create_app(settings, db)) as client:
-        yield client, loop
+    with manual_api(db, fresh_db_url, max_pending_barriers=1) as api:
+        yield api
 
 
 def test_a_lagging_log_store_replay_holds_the_upstream_back(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,13 +11,28 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from backfill_core.schema import Column, ColumnType, TableSchema
+from service.api.app import create_app
 from service.catalog import tables
 from service.catalog.models import Actor, Barrier, Graph, Job
 from service.db import Database
+from service.meta.loop import MetaLoop
 from service.meta.scheduler import place_job_actors
-from tests.kit.auth import auth_header
+from service.settings import Settings
+from tests.kit.auth import api_client, auth_header
 
 WORKER = auth_header("worker")  # a fake worker speaks with the worker token
+
+
+@contextmanager
+def manual_api(db: Database, url: str, **settings: Any) -> Iterator[tuple[TestClient, MetaLoop]]:
+    """The API without its barrier loop, and that loop to drive by hand (``tick``);
+    ``settings`` besides. Fake workers get a 60 s lease: they call in only when the
+    test does."""
+    config = Settings(database_url=url, run_barrier_loop=False, worker_lease_ms=60_000, **settings)
+    loop = MetaLoop(config, db)
+    with api_client(create_app(config, db)) as client:
+        yield client, loop
+
 
 SCHEMA = TableSchema.build(
     [Column("id", ColumnType.BIGINT), Column("v", ColumnType.TEXT)], ["id"], vnode_count=16
