@@ -1,7 +1,8 @@
 """How much a backfill holds back its upstream: the commit latency (inject -> commit) of
 the upstream's (main graph's) barriers while a backfill of N rows (2M; 200k with
 ``--quick``) runs under a steady writer, next to the same workload without a backfill,
-in the same run (barrier interval 200 ms).
+in the same run (barrier interval 200 ms), for as long as the throttled snapshot
+backfill's phase 1 (the issue's figure) lasted.
 
 The main graph always carries a standing MV (a created arrangement job, forwarding the
 writer's changes) on worker A, so its barriers need a worker's collect. The backfill's
