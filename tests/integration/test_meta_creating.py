@@ -160,6 +160,34 @@ def graph_current(db: Database, graph_id: int) -> int:
         return g.current_epoch
 
 
+def test_a_job_asks_for_a_round_of_its_own_graph_only(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """Creating or steering a snapshot job asks the barrier loop for a round of creating
+    graphs only: an upstream barrier out of its cadence, injected with the job's first
+    one, reached the upstream's actors just as the job's start loaded the workers (the
+    slowest upstream barriers of bench_coupling's throttled phase 1). A job of the main
+    graph asks for a main round."""
+    client, loop = manual
+    signal = client.app.state.ctx.signal  # the API's, which a leading loop would wait on
+    FakeWorker(client).register()
+    job = snapshot_job(client, loop, parallelism=2)
+    asked = signal.wait_for_barrier_request(0)
+    assert asked == {"creating"}
+    upstream = [b.curr_epoch for b in barriers_of(db)]
+    graph = graph_of_job(db, job["id"])
+    assert graph is not None
+    loop.tick(asked)  # the round the job asked for
+    assert [b.kind for b in barriers_of(db, graph.id)] == ["initial"]
+    assert [b.curr_epoch for b in barriers_of(db)] == upstream
+    assert client.post(f"/v1/jobs/{job['id']}/pause").status_code == 200
+    assert signal.wait_for_barrier_request(0) == {"creating"}
+
+    body = {"name": "mv2", "upstream": {"table": "orders"}, "backfill": "arrangement"}
+    assert client.post("/v1/jobs", json=body).status_code == 202
+    assert signal.wait_for_barrier_request(0) == {"main"}
+
+
 def test_a_snapshot_job_needs_a_committed_upstream_epoch(
     manual: tuple[TestClient, MetaLoop],
 ) -> None:

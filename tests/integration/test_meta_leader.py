@@ -4,8 +4,6 @@ job created or steered gets its barrier at once."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg2
@@ -72,12 +70,13 @@ def test_injection_waits_for_dml_of_the_closing_epoch(db: Database, fresh_db_url
     assert closing.prev_epoch == epoch
 
 
-@contextmanager
-def _slow_barriers_api(db: Database, url: str) -> Iterator[Any]:
-    """A client of an app whose barrier loop runs a round every 10 minutes (or when
-    asked), with a registered fake worker and a table ``orders``."""
+def test_a_job_created_or_steered_gets_its_barrier_without_waiting_for_the_interval(
+    db: Database, fresh_db_url: str
+) -> None:
+    """With a barrier every 10 minutes, a new job's actors, a pause and a new rate still
+    reach the workers at once: the API asks the barrier loop for a round."""
     settings = Settings(
-        database_url=url,
+        database_url=fresh_db_url,
         spawn_embedded_worker=False,
         barrier_interval_ms=600_000,
         worker_lease_ms=60_000,  # the fake worker calls in only when the test does
@@ -90,15 +89,6 @@ def _slow_barriers_api(db: Database, url: str) -> Iterator[Any]:
             "primary_key": ["id"],
         }
         assert client.post("/v1/tables", json=table).status_code == 201
-        yield client
-
-
-def test_a_job_created_or_steered_gets_its_barrier_without_waiting_for_the_interval(
-    db: Database, fresh_db_url: str
-) -> None:
-    """With a barrier every 10 minutes, a new job's actors, a pause and a new rate still
-    reach the workers at once: the API asks the barrier loop for a round."""
-    with _slow_barriers_api(db, fresh_db_url) as client:
         wait_for(lambda: len(barriers_of(db)) >= 1, what="the initial barrier", timeout=60)
 
         def mutations() -> list[dict[str, Any]]:
@@ -122,36 +112,3 @@ def test_a_job_created_or_steered_gets_its_barrier_without_waiting_for_the_inter
             what="the barrier with the new rate",
             timeout=60,
         )
-
-
-def test_a_new_snapshot_job_gets_its_own_graph_s_round_and_no_upstream_barrier(
-    db: Database, fresh_db_url: str
-) -> None:
-    """A snapshot job runs in a creating graph of its own: its first barrier goes out at
-    once, and the upstream (main graph) gets no barrier out of its cadence for it, which
-    would reach the upstream's actors just when the job's start loads the machine."""
-    with _slow_barriers_api(db, fresh_db_url) as client:
-        job = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
-        created = []
-
-        def create() -> bool:
-            # a 409 until the upstream committed an epoch; it asks for the round that does
-            r = client.post("/v1/jobs", json=job)
-            assert r.status_code in (202, 409), r.text
-            created.append(r)
-            return r.status_code == 202
-
-        wait_for(create, what="an upstream epoch to take the snapshot at", timeout=60)
-        upstream = [b.curr_epoch for b in barriers_of(db)]
-        r = created[-1]
-        with db.transaction() as s:
-            graph = s.execute(
-                text("SELECT graph_id FROM jobs WHERE id = :j"), {"j": r.json()["id"]}
-            ).scalar_one()
-        assert graph != 1
-        wait_for(
-            lambda: len(barriers_of(db, graph)) >= 1,
-            what="the creating graph's first barrier",
-            timeout=60,
-        )
-        assert [b.curr_epoch for b in barriers_of(db)] == upstream
