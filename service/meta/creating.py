@@ -217,7 +217,6 @@ def merge_caught_up(s: Session) -> list[int]:
     return merged
 
 
-# the newest report of every actor of a creating graph that is replaying the log store
 # Each actor's newest collect in its running creating graph: one probe of the collects'
 # key per actor (the main graph asks at every tick). Sorting all the kept collects
 # instead parsed every one's progress: a few ms on each upstream barrier for the whole

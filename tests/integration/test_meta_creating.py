@@ -274,10 +274,7 @@ def test_a_lagging_log_store_replay_holds_the_upstream_back(
     assert graph_current(db, 1) == held  # still held while the job does not move
     # once the job has caught up, the upstream goes on
     for _ in range(10):
-        with db.transaction() as s:
-            main = s.get(Graph, 1)
-            assert main is not None
-            caught_up = main.committed_epoch
+        caught_up = committed_epoch(db)
         collect_reporting(
             w,
             {"phase": "log_store", "consumed_epoch": caught_up, "max_pending_epoch_lag_ms": 1_000},
