@@ -3,7 +3,9 @@
 Layout: ``(_vnode smallint, <pk>, _epoch bigint, _deleted bool, <values>)`` with a unique
 index on ``(_vnode, <pk>, _epoch DESC)`` (snapshot reads walk it and take the first
 version of each key) and an index on ``_epoch`` (change logs, rollback and
-garbage collection touch only the versions of the epochs they name).
+garbage collection touch only the versions of the epochs they name). An MV's epoch
+index is built once its backfill is done (``build_epoch_index``): kept up row by row,
+it cost a backfill's writes a third of their time.
 
 Every method takes a psycopg2 cursor and runs in the caller's transaction. Rows are
 tuples in the schema's column order; identifiers are always quoted with
@@ -159,7 +161,9 @@ class VersionedTable:
 
     # DDL ------------------------------------------------------------------
 
-    def create(self, cur: Any) -> None:
+    def create(self, cur: Any, *, epoch_index: bool = True) -> None:
+        """Create the table and its key index; its epoch index too unless told not to
+        (``build_epoch_index`` adds it later)."""
         cols = [sql.SQL("{} smallint NOT NULL").format(sql.Identifier(VNODE))]
         for n in self.pk:
             cols.append(
@@ -186,13 +190,45 @@ class VersionedTable:
                 sql.Identifier(f"{self._internal_prefix}_key"), self.ident, key_cols
             )
         )
-        cur.execute(
-            sql.SQL("CREATE INDEX {} ON {} ({})").format(
-                sql.Identifier(f"{self._internal_prefix}_epoch"),
-                self.ident,
-                sql.Identifier(EPOCH),
-            )
+        if epoch_index:
+            cur.execute(self._epoch_index_ddl(concurrently=False))
+
+    @property
+    def epoch_index_name(self) -> str:
+        return f"{self._internal_prefix}_epoch"
+
+    def _epoch_index_ddl(self, *, concurrently: bool) -> sql.Composable:
+        return sql.SQL("CREATE INDEX {how}{name} ON {t} ({ep})").format(
+            how=sql.SQL("CONCURRENTLY " if concurrently else ""),
+            name=sql.Identifier(self.epoch_index_name),
+            t=self.ident,
+            ep=sql.Identifier(EPOCH),
         )
+
+    def epoch_index_state(self, cur: Any) -> str | None:
+        """``valid``, ``invalid`` (a concurrent build failed or is under way) or None."""
+        cur.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+            [SCHEMA, self.epoch_index_name],
+        )
+        row = cur.fetchone()
+        return None if row is None else ("valid" if row[0] else "invalid")
+
+    def build_epoch_index(self, cur: Any) -> None:
+        """Build the epoch index without blocking the table's writers (``cur`` must be in
+        autocommit: a concurrent build runs outside a transaction). An invalid one left by
+        a failed build is dropped first; the caller makes sure no other build runs."""
+        state = self.epoch_index_state(cur)
+        if state == "valid":
+            return
+        if state == "invalid":
+            cur.execute(
+                sql.SQL("DROP INDEX CONCURRENTLY IF EXISTS {}").format(
+                    sql.Identifier(SCHEMA, self.epoch_index_name)
+                )
+            )
+        cur.execute(self._epoch_index_ddl(concurrently=True))
 
     def drop(self, cur: Any) -> None:
         cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(self.ident))

@@ -34,6 +34,7 @@ from service.db import Database, raw_cursor, retry_deadlocks, unique_violation
 from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.meta.barriers import enqueue_mutation
 from service.meta.epochs import MAIN_GRAPH_ID
+from service.meta.indexer import stop_build
 from service.meta.recovery import request_recovery
 from service.meta.scheduler import place_job_actors
 from service.meta.sources import split_key
@@ -147,7 +148,9 @@ def _insert_job(s: Session, spec: JobSpec, kind: str, source_total: int | None) 
     )
     s.add(mv)
     s.flush()
-    storage_of(mv).create(raw_cursor(s))
+    # its epoch index comes once the backfill is done (service/meta/indexer.py)
+    mv.epoch_indexed = False
+    storage_of(mv).create(raw_cursor(s), epoch_index=False)
     job = Job(
         name=spec.name,
         kind=kind,
@@ -360,6 +363,8 @@ def drop_job(db: Database, job_id: int) -> None:
         s.delete(job)
         s.flush()
         if mv is not None:
+            if not mv.epoch_indexed:
+                stop_build(raw_cursor(s), mv.id)  # a build would hold the drop up
             storage_of(mv).drop(raw_cursor(s))
             s.delete(mv)
 

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     func,
+    true,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -54,6 +55,9 @@ class Relation(Base):
     graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id"))
     # versions only needed by reads below this epoch have been garbage-collected
     gc_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
+    # the index on _epoch exists (an MV gets it once its backfill is done:
+    # service/meta/indexer.py); until then GC leaves the table alone
+    epoch_indexed: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     created_at: Mapped[dt.datetime] = _now()
 
 

@@ -58,8 +58,8 @@ def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
             rel = s.execute(
                 select(Relation).where(Relation.id == rel_id).with_for_update(skip_locked=True)
             ).scalar_one_or_none()
-            if rel is None or safe <= rel.gc_epoch:
-                continue
+            if rel is None or safe <= rel.gc_epoch or not rel.epoch_indexed:
+                continue  # (an MV without its epoch index yet: GC would scan all of it)
             removed = storage_of(rel).gc(raw_cursor(s), safe, rel.gc_epoch)
             rel.gc_epoch = safe
             results.append(GcResult(rel.name, safe, removed))

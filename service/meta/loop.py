@@ -1,6 +1,8 @@
 """The barrier loop: one leader per deployment (a Postgres advisory lock) ticks every
 ``barrier_interval_ms``: expires workers, recovers graphs, injects barriers, trims
-history and runs garbage collection now and then. Other replicas wait for the lock.
+history, and now and then wakes garbage collection (and, every main round, the
+building of MVs' epoch indexes), which run on threads of their own (``chores``).
+Other replicas wait for the lock.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from service.catalog.models import Barrier, Graph
 from service.clock import Clock, system_clock
 from service.db import Database
 from service.meta import barriers, creating, gc, metrics, recovery, sources
+from service.meta.chores import Chore
+from service.meta.indexer import EpochIndexer
 from service.meta.signal import BarrierSignal
 from service.meta.spawner import EmbeddedWorkerSpawner
 from service.settings import Settings
@@ -27,6 +31,7 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
+INDEXER_EVERY_S = 5.0  # besides every main round's wake: a missed one is not lost
 # between the rounds run at once when asked for (``BarrierSignal.request_barrier``)
 REQUESTED_ROUND_GAP_S = 0.05
 # ``run`` injects the main graph's barriers and the creating graphs' at alternate half
@@ -60,6 +65,16 @@ class MetaLoop:
         self._lock_conn: psycopg2.extensions.connection | None = None
         self.is_leader = threading.Event()
         self.ticks = 0
+        # off this thread: a large MV's epoch index, or a large GC, takes a while
+        self.indexer = EpochIndexer(db)
+        self.index_chore = Chore(
+            "epoch-indexer",
+            self.indexer.run_once,
+            self.is_leader,
+            every_s=INDEXER_EVERY_S,
+            on_stop=self.indexer.cancel,
+        )
+        self.gc_chore = Chore("gc", lambda: gc.run_gc(db, settings.gc_retention_ms), self.is_leader)
 
     # leadership -------------------------------------------------------------
 
@@ -126,6 +141,7 @@ class MetaLoop:
         self.signal.notify()
         if "main" not in kinds:
             return
+        self.index_chore.wake()  # a job created since the last round may want its index
         self.ticks += 1
         if self.ticks % GC_EVERY_TICKS == 0:
             for graph_id, kind, _ in graphs:
@@ -134,7 +150,7 @@ class MetaLoop:
                     barriers.trim_history(s, graph_id, keep_after=floor)
             with self.db.transaction() as s:
                 sources.trim(s)
-            gc.run_gc(self.db, self.settings.gc_retention_ms)
+            self.gc_chore.wake()
 
     def _expire_workers(self) -> None:
         with self.db.transaction() as s:
@@ -207,6 +223,8 @@ class MetaLoop:
 
     def start(self) -> None:
         self.watcher.start()
+        self.index_chore.start()
+        self.gc_chore.start()
         self._thread = threading.Thread(target=self.run, name="barrier-loop", daemon=True)
         self._thread.start()
 
@@ -216,5 +234,7 @@ class MetaLoop:
         if self._thread is not None:
             self._thread.join(timeout=30)
         self.watcher.stop()
+        self.index_chore.stop()
+        self.gc_chore.stop()
         if self.spawner is not None:
             self.spawner.stop()
