@@ -113,6 +113,16 @@ class Database:
         with self.sessions() as session, session.begin():
             yield session
 
+    @contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """A read-only session whose statements all see one snapshot (REPEATABLE READ).
+        For reads at an epoch checked against ``gc_epoch``: a garbage collection that
+        commits between the check and the reads would otherwise have removed versions
+        they need (a key deleted after the epoch would be gone at it too)."""
+        with self.sessions() as session, session.begin():
+            session.execute(text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"))
+            yield session
+
     def first_alone(self, statement: Executable, params: dict[str, Any]) -> Row[Any] | None:
         """The first row of one read-only statement run outside a transaction (a
         statement reads one snapshot anyway): no BEGIN before it and no ROLLBACK after,

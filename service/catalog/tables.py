@@ -216,7 +216,7 @@ def readable_epoch(epoch: int | None, committed: int, gc_epoch: int) -> int:
 def read_rows(
     db: Database, name: str, epoch: int | None, limit: int, after: str | None
 ) -> RowsPage:
-    with db.transaction() as s:
+    with db.snapshot() as s:  # GC may not move between the check and the read
         rel = _get(s, name)
         epoch = readable_epoch(epoch, committed_epoch(s, rel), rel.gc_epoch)
         table = storage_of(rel)

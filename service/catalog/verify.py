@@ -40,7 +40,7 @@ def verify(db: Database, job_id: int, epoch: int | None, sample: int = 10) -> Ve
     with db.transaction() as s:
         if _job(s, job_id).upstream_source_id is not None:
             return _verify_source(db, job_id, epoch, sample)
-    with db.transaction() as s:
+    with db.snapshot() as s:  # GC may not move under the reads
         job = _job(s, job_id)
         committed = int(
             s.execute(select(Graph.committed_epoch).where(Graph.id == job.graph_id)).scalar_one()
@@ -86,7 +86,7 @@ def _compare(
 def _verify_source(db: Database, job_id: int, epoch: int | None, sample: int) -> Verification:
     """A source job's MV at a committed epoch holds every message the shared source had
     reached by then (the view of them), each exactly once."""
-    with db.transaction() as s:
+    with db.snapshot() as s:
         job = _job(s, job_id)
         src = s.get(Source, job.upstream_source_id)
         mv = s.get(Relation, job.mv_relation_id)
