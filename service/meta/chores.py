@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 class Chore:
     """Runs ``run_once`` when woken (and every ``every_s`` if given) while ``is_leader``
-    is set; a failed run is logged and tried again at the next wake."""
+    is set, at most once per ``min_gap_s``; a failed run is logged and tried again at
+    the next wake."""
 
     def __init__(
         self,
@@ -23,17 +24,18 @@ class Chore:
         is_leader: threading.Event,
         *,
         every_s: float | None = None,
+        min_gap_s: float = 0.0,
         on_stop: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self.run_once = run_once
         self.is_leader = is_leader
         self.every_s = every_s
+        self.min_gap_s = min_gap_s  # a loop ticking every 20 ms wakes it as often
         self.on_stop = on_stop  # e.g. cancels a long statement under way
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.runs = 0  # finished runs (successful or not)
 
     def wake(self) -> None:
         self._wake.set()
@@ -48,7 +50,7 @@ class Chore:
                 self.run_once()
             except Exception:
                 log.exception("%s failed; tried again later", self.name)
-            self.runs += 1
+            self._stop.wait(self.min_gap_s)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)

@@ -7,10 +7,11 @@ Built at once afterwards it costs a tenth of that. Until it exists the MV is cor
 only some reads of it are slower: rollback and change-log reads scan the table, and
 garbage collection leaves it alone (``gc.run_gc``).
 
-The leader builds it ``CONCURRENTLY`` (the MV's writers go on meanwhile) on a thread of its
-own (``chores.Chore``) when the MV's job is created, or earlier once another job reads the MV (its change logs are read
-every epoch). One build per MV at a time: a session advisory lock on the relation's
-id, which ``stop_build`` takes to drop the MV, cancelling a build under way.
+The leader builds it ``CONCURRENTLY`` (the MV's writers go on meanwhile), on a thread
+of its own (``chores.Chore``), when the MV's job is created, or earlier once another
+job reads the MV (its change logs are read every epoch). One build per MV at a time: a
+session advisory lock on the relation's id, which ``stop_build`` takes to drop the MV,
+cancelling a build under way.
 """
 
 from __future__ import annotations

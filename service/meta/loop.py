@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
 INDEXER_EVERY_S = 5.0  # besides every main round's wake: a missed one is not lost
+INDEXER_GAP_S = 0.2  # at most five looks a second for MVs whose index is due
 # between the rounds run at once when asked for (``BarrierSignal.request_barrier``)
 REQUESTED_ROUND_GAP_S = 0.05
 # ``run`` injects the main graph's barriers and the creating graphs' at alternate half
@@ -72,6 +73,7 @@ class MetaLoop:
             self.indexer.run_once,
             self.is_leader,
             every_s=INDEXER_EVERY_S,
+            min_gap_s=INDEXER_GAP_S,
             on_stop=self.indexer.cancel,
         )
         self.gc_chore = Chore("gc", lambda: gc.run_gc(db, settings.gc_retention_ms), self.is_leader)
