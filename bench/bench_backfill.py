@@ -83,10 +83,6 @@ class _Lines:
 
 
 def _insert_select(conn: Any) -> float:
-    conn.autocommit = True
-    with conn.cursor() as cur:
-        cur.execute("CHECKPOINT")  # the load's writes are not flushed inside the timing
-    conn.autocommit = False
     with conn.cursor() as cur:
         t0 = time.perf_counter()
         cur.execute("INSERT INTO public.plain_dst SELECT id, amount, note FROM public.plain_src")
@@ -100,6 +96,7 @@ def load_and_insert_select(db: Database, url: str, n: int) -> float:
     conn = psycopg2.connect(to_libpq_url(url))
     try:
         _load(db, conn, n)
+        checkpoint(db)  # the load's writes are not flushed inside the timing
         return _insert_select(conn)
     finally:
         conn.close()

@@ -28,6 +28,7 @@ import httpx
 import psycopg2
 from sqlalchemy import text
 
+from bench._live import checkpoint
 from bench._pg import fresh_database
 from bench.bench_backfill import _load
 from service.db import Database
@@ -137,8 +138,7 @@ def _backfill(
     Every run starts from a checkpoint, so that the previous run's writes (a 2M-row MV,
     then its drop) are not flushed during this one's window: each window carries only
     its own workload's checkpoints."""
-    with db.engine.connect() as conn:
-        conn.execute(text("CHECKPOINT"))
+    checkpoint(db)
     with http_client(base, timeout=120) as http, _Recorder(db) as recorded:
         stop = threading.Event()
         writer = threading.Thread(target=_writer, args=(http, stop, n), daemon=True)

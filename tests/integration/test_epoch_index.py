@@ -24,6 +24,7 @@ from service.meta.indexer import BUILD_LOCK, EpochIndexer
 from service.meta.loop import MetaLoop
 from service.settings import Settings
 from state_store.versioned import VersionedTable
+from tests.e2e.test_snapshot_e2e import gc_epoch
 from tests.integration.test_tables_api import create, dml, ins
 from tests.kit.e2e import wait_for
 from tests.kit.meta import FakeWorker, committed_epoch
@@ -206,7 +207,7 @@ def test_garbage_collection_never_holds_barriers_back(client: TestClient, db: Da
         wait_for(lambda: committed_epoch(db) > before, 60, "epochs committed meanwhile")
         assert _gc_waiting(db)
         locker.rollback()
-    wait_for(lambda: _gc_epoch(db) > 0, 60, "the garbage collection done")
+    wait_for(lambda: gc_epoch(db, "orders") > 0, 60, "the garbage collection done")
 
 
 def _gc_waiting(db: Database) -> bool:
@@ -216,9 +217,3 @@ def _gc_waiting(db: Database) -> bool:
             "AND query LIKE 'WITH k AS (SELECT DISTINCT%%'"
         )
         return bool(cur.fetchone()[0])
-
-
-def _gc_epoch(db: Database) -> int:
-    with db.transaction() as s:
-        rel = s.execute(select(Relation).where(Relation.name == "orders")).scalar_one()
-        return int(rel.gc_epoch)
