@@ -36,7 +36,9 @@ class EmbeddedPostgres:
                 self.pgdata, cleanup_mode="stop" if self._stop_on_exit else None
             )
         uri: str = self._server.get_uri()
-        _configure(uri)
+        if _configure(uri):
+            # a fresh data dir (or one whose settings were changed behind our back)
+            self.restart("fast")
         log.info("embedded Postgres running under %s", self.pgdata)
         return to_sqlalchemy_url(uri)
 
@@ -75,11 +77,17 @@ SERVER_SETTINGS = {
     # backfill added, see the README's coupling section). Without zero-filling, the
     # segment's last byte is written and space is taken as WAL is written.
     "wal_init_zero": "off",
+    # 1 GiB of buffers (in 8 kB pages; the default is 128 MB). A backfill reads its
+    # upstream through the key index and writes the MV beside it: with 2M rows both are
+    # some 500 MB, and at 128 MB every page read evicted one, often a dirty one the
+    # statement had to write out itself. Measured on 2M rows: a pushed-down statement of
+    # 200k rows took 0.6-0.8 s instead of 0.9-1.4 s. Memory is taken as pages are used.
+    "shared_buffers": "131072",
 }
 
 
-def _configure(uri: str) -> None:
-    """Apply ``SERVER_SETTINGS`` where they differ (at once: they need no restart)."""
+def _configure(uri: str) -> bool:
+    """Apply ``SERVER_SETTINGS`` where they differ; whether one waits for a restart."""
     import psycopg2
 
     conn = psycopg2.connect(uri)
@@ -87,16 +95,19 @@ def _configure(uri: str) -> None:
         conn.autocommit = True
         with conn.cursor() as cur:
             cur.execute(
-                "SELECT name FROM pg_settings WHERE name = ANY(%s) AND "
-                "setting IS DISTINCT FROM (%s::jsonb ->> name)",
+                "SELECT name, context = 'postmaster' FROM pg_settings WHERE name = ANY(%s) "
+                "AND setting IS DISTINCT FROM (%s::jsonb ->> name)",
                 [list(SERVER_SETTINGS), json.dumps(SERVER_SETTINGS)],
             )
-            stale = [name for (name,) in cur.fetchall()]
+            found = cur.fetchall()
+            stale = [name for name, _ in found]
             for name in stale:
                 # names and values are this module's constants, not input
                 cur.execute(f"ALTER SYSTEM SET {name} = %s", [SERVER_SETTINGS[name]])
             if stale:
                 cur.execute("SELECT pg_reload_conf()")
+            # a setting of the postmaster's takes effect only when it starts again
+            return any(at_start for _, at_start in found)
     finally:
         conn.close()
 

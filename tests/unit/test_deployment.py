@@ -376,6 +376,25 @@ def test_postgres_data_is_on_a_named_volume(compose: dict[str, Any]) -> None:
     assert sources[0] in named, f"{sources[0]!r} is not a named volume (declared: {named})"
 
 
+def test_compose_postgres_runs_with_the_embedded_servers_settings(
+    compose: dict[str, Any],
+) -> None:
+    from service.embedded_pg import SERVER_SETTINGS
+
+    services = compose["services"]
+    (pg,) = [s for s in services.values() if str(s.get("image", "")).startswith("postgres")]
+    cmd = command_of(pg)
+    given = dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "-c")
+    units = {"kB": 1, "MB": 1024, "GB": 1024 * 1024}
+    for name, value in SERVER_SETTINGS.items():
+        assert name in given, f"the compose Postgres runs without {name}"
+        if name == "shared_buffers":  # pages of 8 kB in SERVER_SETTINGS
+            number, unit = given[name][:-2], given[name][-2:]
+            assert int(number) * units[unit] == int(value) * 8, f"{name} = {given[name]}"
+        else:
+            assert given[name] == value, f"{name} = {given[name]}, not {value}"
+
+
 def test_env_vars_passed_to_our_image_are_real_settings(
     services: dict[str, Any], clean_env: pytest.MonkeyPatch
 ) -> None:
