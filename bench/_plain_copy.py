@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import io
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.datasource import (
@@ -142,9 +145,23 @@ class _Writer(DataSourceArrowWriter):  # type: ignore[misc]
 
 
 def spark_copy(spec: dict[str, Any]) -> float:
-    """Seconds for one copy job with ``spec``. A Spark application, like the service's
-    worker, is long-lived: the session and its Python workers are warmed first with a
-    copy of a few rows per partition, which are then truncated."""
+    """Seconds for one copy job with ``spec``, in a process of its own: a Spark driver
+    JVM of Spark's defaults, not one started with the worker's options
+    (``WORKER_JAVA_OPTIONS``), which a session in this process would share."""
+    out = subprocess.run(
+        [sys.executable, "-m", "bench._plain_copy", json.dumps(spec)],
+        cwd=Path(__file__).resolve().parents[1],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    ).stdout
+    return float(out.strip().splitlines()[-1])
+
+
+def _spark_copy_here(spec: dict[str, Any]) -> float:
+    """``spark_copy`` in this process. A Spark application, like the service's worker, is
+    long-lived: the session and its Python workers are warmed first with a copy of a few
+    rows per partition, which are then truncated."""
     import psycopg2
     from pyspark import cloudpickle
 
@@ -174,3 +191,7 @@ def _copy(spark: Any, spec: dict[str, Any]) -> None:
     text = json.dumps(spec)
     df = spark.read.format(FORMAT).option("spec", text).load()
     df.write.format(FORMAT).option("spec", text).mode("append").save()
+
+
+if __name__ == "__main__":
+    print(_spark_copy_here(json.loads(sys.argv[1])))

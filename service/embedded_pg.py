@@ -83,6 +83,12 @@ SERVER_SETTINGS = {
     # statement had to write out itself. Measured on 2M rows: a pushed-down statement of
     # 200k rows took 0.6-0.8 s instead of 0.9-1.4 s. Memory is taken as pages are used.
     "shared_buffers": "131072",
+    # 128 MB of WAL buffers (in 8 kB pages; 16 MB by default with such shared_buffers). A
+    # 2M-row MV creation writes some 430 MB of WAL, an INSERT ... SELECT of the same rows
+    # 300 MB: with 16 MB the buffers ran full 16-22 thousand times, and each time a
+    # backend wrote WAL itself, holding the WAL write lock that the other statement then
+    # waited on. With 128 MB the WAL writer writes nearly all of it (pg_stat_wal).
+    "wal_buffers": "16384",
 }
 
 

@@ -58,7 +58,7 @@ class SparkPath:
     def session(self) -> Any:
         with self._lock:
             if self._spark is None:
-                self._spark = build_session(self.master)
+                self._spark = build_session(self.master, java_options=WORKER_JAVA_OPTIONS)
                 from spark_workers.datasource import StoreDataSource
                 from spark_workers.kafka_datasource import KafkaBackfillDataSource
 
@@ -272,7 +272,18 @@ def has_sql_form(filter_expr: Any, schema: TableSchema) -> bool:
     return filter_sql(filter_expr, schema, READ) is not None
 
 
-def build_session(master: str, extra_conf: dict[str, str] | None = None) -> Any:
+# The worker's driver JVM only schedules tasks (the rows stay in Postgres or stream through
+# the Python workers): C1-compiled code is fast enough for that, and C2's compiler
+# threads had taken a tenth of the machine's CPU during a 2M-row MV creation (perf, a
+# worker started for the bench), about as much as the JVM's whole share of the work.
+# The serial collector spares a small heap G1's concurrent threads.
+WORKER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def build_session(
+    master: str, extra_conf: dict[str, str] | None = None, java_options: str = ""
+) -> Any:
+    """A SparkSession (``java_options``: for the driver JVM, which starts with it)."""
     import sys
 
     from pyspark.sql import SparkSession
@@ -291,7 +302,7 @@ def build_session(master: str, extra_conf: dict[str, str] | None = None) -> Any:
         .config("spark.sql.shuffle.partitions", "4")
         .config("spark.python.worker.reuse", "true")
         .config("spark.pyspark.python", os.environ["PYSPARK_PYTHON"])
-        .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=warn")
+        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.level=warn {java_options}".strip())
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("WARN")

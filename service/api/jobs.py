@@ -24,6 +24,8 @@ from service.meta.epochs import MAIN_GRAPH_ID
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 FOREGROUND_TIMEOUT_S = 600.0
+FOREGROUND_RECHECK_S = 0.25
+FOREGROUND_MIN_GAP_S = 0.01  # between re-reads: collects of many actors land in bursts
 
 
 class Upstream(BaseModel):
@@ -229,11 +231,16 @@ def _answer_create(ctx: ServiceContext, job: Job, background: bool) -> tuple[int
     """202 with the creating job; in the foreground, 201 once it is created (or 202
     when that takes longer than FOREGROUND_TIMEOUT_S)."""
     deadline = time.monotonic() + (0.0 if background else FOREGROUND_TIMEOUT_S)
-    delay = 0.01
-    while job.state == "creating" and time.monotonic() < deadline:
-        time.sleep(delay)
-        delay = min(delay * 2, 0.25)
+    seen = ctx.signal.generation  # taken before the job is read again: no wake-up missed
+    while job.state == "creating" and (left := deadline - time.monotonic()) > 0:
+        # woken when this process's barrier loop ends a round (the commit that makes the
+        # job created is in one) or a collect lands; another replica's commits are seen
+        # by the re-read at least every FOREGROUND_RECHECK_S. A client polling for the
+        # state instead costs the control plane a request every time.
+        seen = ctx.signal.wait(seen, min(left, FOREGROUND_RECHECK_S))
         job = jobs.get_job(ctx.db, job.id)
+        if job.state == "creating":
+            time.sleep(FOREGROUND_MIN_GAP_S)
     return (201 if job.state == "created" and not background else 202), _view(ctx, job)
 
 

@@ -12,6 +12,7 @@ import pytest
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.spark_path import WORKER_JAVA_OPTIONS
 from tests.kit.e2e import running_cluster, wait_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -106,3 +107,7 @@ def test_every_type_round_trips_through_spark(
     one = next(r for r in rows if r["id"] == 1)
     assert one["label"] == "tab\there\nnew line \\ 1 ünï" and one["doc"]["k"] == 1
     assert one["blob"] == base64.b64encode(bytes([1, 0, 255])).decode()
+    # the driver JVM that ran it is the worker's: C1 only, the serial collector
+    jvm = worker.spark.session()._jvm
+    args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
+    assert set(WORKER_JAVA_OPTIONS.split()) <= set(args), args

@@ -388,7 +388,7 @@ def test_compose_postgres_runs_with_the_embedded_servers_settings(
     units = {"kB": 1, "MB": 1024, "GB": 1024 * 1024}
     for name, value in SERVER_SETTINGS.items():
         assert name in given, f"the compose Postgres runs without {name}"
-        if name == "shared_buffers":  # pages of 8 kB in SERVER_SETTINGS
+        if name in ("shared_buffers", "wal_buffers"):  # pages of 8 kB in SERVER_SETTINGS
             number, unit = given[name][:-2], given[name][-2:]
             assert int(number) * units[unit] == int(value) * 8, f"{name} = {given[name]}"
         else:
