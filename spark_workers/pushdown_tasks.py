@@ -34,27 +34,34 @@ def _in_transaction(dsn: str, work: Callable[[Any], T]) -> T:
     idle (a restarted server) is replaced once, before any work was done on it."""
     import psycopg2
 
-    for attempt in (1, 2):
-        conn = _CONNECTIONS.get(dsn)
-        if conn is None or conn.closed:
-            conn = _CONNECTIONS[dsn] = psycopg2.connect(dsn, options=WORKER_DATA_OPTIONS)
-            attempt = 2  # a fresh connection's failure is the task's
-        started = False
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT 1")
-                started = True
-                result = work(cur)
-            conn.commit()
-            return result
-        except psycopg2.OperationalError:
-            _forget(dsn, conn)
-            if started or attempt == 2:
-                raise
-        except BaseException:
-            _forget(dsn, conn)
-            raise
-    raise AssertionError("unreachable")
+    conn = _kept_connection(dsn)
+    if conn is None:
+        conn = _CONNECTIONS[dsn] = psycopg2.connect(dsn, options=WORKER_DATA_OPTIONS)
+    try:
+        with conn.cursor() as cur:
+            result = work(cur)
+        conn.commit()
+        return result
+    except BaseException:
+        _forget(dsn, conn)
+        raise
+
+
+def _kept_connection(dsn: str) -> Any:
+    """The connection kept for ``dsn`` if it still answers (its transaction begun), or
+    None."""
+    import psycopg2
+
+    conn = _CONNECTIONS.get(dsn)
+    if conn is None or conn.closed:
+        return None
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")
+        return conn
+    except psycopg2.OperationalError:
+        _forget(dsn, conn)
+        return None
 
 
 def _forget(dsn: str, conn: Any) -> None:
