@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gc
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from service.db import Database
 from service.settings import Settings
+from spark_workers.pushdown_tasks import _freeze_imports
 from spark_workers.runtime import Worker
 from spark_workers.spark_path import WORKER_JAVA_OPTIONS
 from tests.kit.e2e import running_cluster, wait_for
@@ -111,3 +113,25 @@ def test_every_type_round_trips_through_spark(
     jvm = worker.spark.session()._jvm
     args = list(jvm.java.lang.management.ManagementFactory.getRuntimeMXBean().getInputArguments())
     assert set(WORKER_JAVA_OPTIONS.split()) <= set(args), args
+
+
+def test_spark_python_workers_freeze_their_imports_and_the_driver_does_not(
+    spark_cluster: tuple[httpx.Client, Worker],
+) -> None:
+    _, worker = spark_cluster
+    wait_for(lambda: worker.spark is not None, 60, what="the worker's Spark path")
+    assert worker.spark is not None
+    spark = worker.spark.session()
+
+    def frozen_in_a_task(_: int) -> int:  # pickled by value: runs in a Python worker
+        from spark_workers.pushdown_tasks import _freeze_imports
+
+        _freeze_imports()
+        return gc.get_freeze_count()
+
+    # inside a Spark task: what was alive then is left out of later collections
+    assert spark.sparkContext.parallelize([0], 1).map(frozen_in_a_task).collect()[0] > 0
+    # outside one (the driver, this process): nothing is frozen
+    gc.unfreeze()
+    _freeze_imports()
+    assert gc.get_freeze_count() == 0
