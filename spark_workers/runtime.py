@@ -54,9 +54,6 @@ class Worker:
         self.must_register = True
         self.driver_pushdowns = 0  # driver reads that ran inside Postgres
         self.barrier_wanted = False  # actors read all they had: the next poll asks for it
-        # assignments with barriers, polled between two Spark jobs: the next step takes
-        # them instead of asking again (a request per barrier off a backfill's path)
-        self.polled: list[dict[str, Any]] | None = None
 
     # lifecycle --------------------------------------------------------------
 
@@ -125,7 +122,6 @@ class Worker:
             log.warning("could not register: %s", e)
             return False
         self.must_register = False
-        self.polled = None  # of the registration before
         return True
 
     def _stale_collect(self, e: ProtocolError) -> int | None:
@@ -176,11 +172,9 @@ class Worker:
     def _step(self) -> None:
         busy = any(r.has_reads() for r in self.runners.values())
         wanted, self.barrier_wanted = self.barrier_wanted, False
-        assignments, self.polled = self.polled, None
-        if assignments is None or wanted:
-            assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
-                "assignments"
-            ]
+        assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
+            "assignments"
+        ]
         collects = self._barriers(assignments)
         while collects:
             try:
@@ -345,7 +339,6 @@ class Worker:
                 return
             pending = self.client.poll(timeout_ms=0)["assignments"]
             if any(a["barriers"] for a in pending):
-                self.polled = pending
                 return
 
 
