@@ -73,7 +73,7 @@ def _forget(dsn: str, conn: Any) -> None:
 
 def _freeze_imports() -> None:
     """Once per Spark Python worker process, after its first task's imports: leave the objects
-    alive then (modules, classes, the driver's) out of every later garbage collection.
+    alive then (modules, classes, psycopg2's) out of every later garbage collection.
     Spark reuses its Python workers, and collections that walked those objects took some
     30 ms of CPU per task, three times what Spark's own handling of a task costs there."""
     from pyspark import TaskContext
