@@ -117,6 +117,9 @@ class Plan:
     read_epoch: int
     write_epoch: int
     partitions: list[list[tuple[int, Any, int]]]  # (vnode, after pk as JSON, limit)
+    # pushed down: per task, batches of (limit, [(vnode, after pk as JSON)]), each read
+    # vnode after vnode under its limit
+    batches: list[list[tuple[int, list[tuple[int, Any]]]]] | None = None
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -134,6 +137,7 @@ class Plan:
             read_epoch=d["read_epoch"],
             write_epoch=d["write_epoch"],
             partitions=[[tuple(r) for r in p] for p in d["partitions"]],  # type: ignore[misc]
+            batches=d.get("batches"),
         )
 
     def pk_from_json(self, value: Any) -> tuple[Any, ...] | None:

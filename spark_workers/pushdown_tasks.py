@@ -1,5 +1,6 @@
-"""Pushed-down snapshot reads as Spark tasks: one task per group of vnodes runs the
-group's reads as one ``state_store.pushdown.write_view`` statement, under the same
+"""Pushed-down snapshot reads as Spark tasks: each task runs its batches of reads (each
+a group of vnodes read vnode after vnode under one limit) as one
+``state_store.pushdown.write_view`` statement each, in one transaction under the same
 fence and at the same epochs as the ``backfill_store`` writer, and returns what the
 executors account for, per vnode: ``(vnode, rows read, last key read as JSON)``.
 
@@ -91,8 +92,13 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, str]]:
 
     _freeze_imports()
     plan = Plan.from_json(plan_text)
-    reads = [(v, plan.pk_from_json(a), n) for v, a, n in plan.partitions[index]]
-    if not reads:
+    if plan.batches is None:
+        raise ValueError("a pushed-down plan has batches of reads")
+    batches = [
+        (limit, [(v, plan.pk_from_json(a), limit) for v, a in starts])
+        for limit, starts in plan.batches[index]
+    ]
+    if not batches:
         return []
     where = filter_sql(plan.filter, plan.upstream_schema, READ)
     if where is None:
@@ -102,11 +108,17 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, str]]:
 
     def work(cur: Any) -> dict[int, tuple[int, Any]]:
         _fence(cur, plan.graph_id, plan.recovery_seq)
-        # one process per branch keeps each vnode's rows in key order
+        # one process per branch keeps each vnode's rows in key order, and the branches
+        # run in order (a batch's limit counts them so)
         cur.execute("SET LOCAL max_parallel_workers_per_gather = 0")
         # the rows read are kept once for the write and the summary: in memory
         cur.execute("SET LOCAL work_mem = '64MB'")
-        return write_view(cur, upstream, mv, plan.read_epoch, reads, where, plan.write_epoch)
+        summary: dict[int, tuple[int, Any]] = {}
+        for limit, reads in batches:
+            summary |= write_view(
+                cur, upstream, mv, plan.read_epoch, reads, where, plan.write_epoch, limit=limit
+            )
+        return summary
 
     summary = _in_transaction(plan.dsn, work)
     types = plan.upstream_schema.pk_types

@@ -1,9 +1,11 @@
 """The Spark data path: one Spark job per job and epoch reads the snapshot of every
 vnode the worker's actors still read and writes the MV rows, parallel over vnodes.
 
-The executors decide the reads (``next_spread_read``: one per vnode, sharing the row
-budget) and account for them from the per-vnode summaries the job sends back
-(``on_read_summary``), exactly as if the rows had passed through the driver. The
+The executors decide the reads and account for them from the per-vnode summaries the
+job sends back, exactly as if the rows had passed through the driver: when the view
+has a SQL form, groups of vnodes each read vnode after vnode under one limit
+(``next_batch_reads`` / ``on_batch_summary``), run inside Postgres; otherwise one read
+per vnode sharing the row budget (``next_spread_read`` / ``on_read_summary``), the
 filter and projection run inside the Spark tasks with the same ``View`` as the driver
 path and the reference model.
 
@@ -28,7 +30,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from backfill_core.executors.messages import SnapshotRead
+from backfill_core.executors.messages import SnapshotBatchRead, SnapshotRead
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
 
 if TYPE_CHECKING:
@@ -88,6 +90,7 @@ class SparkPath:
                 "read_epoch": 0,
                 "write_epoch": 0,
                 "partitions": [[] for _ in range(n)],
+                "batches": [[] for _ in range(n)],
             }
         )
         with tempfile.TemporaryDirectory() as tmp:
@@ -184,63 +187,99 @@ class SparkPath:
             "partitions": parts,
         }
 
-    def _active_session(self, reads: int) -> tuple[Any, int]:
-        """The session, active in this thread, and how many Spark partitions ``reads`` get."""
+    def _active_session(self, reads: int | None = None) -> tuple[Any, int]:
+        """The session, active in this thread, and how many Spark partitions ``reads`` get
+        (None: how many tasks run at once)."""
         spark = self.session()
         # Spark resolves the writer's data source through the calling thread's active
         # session, which a thread that did not build the session lacks
         spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
         n_parts = self.partitions or max(1, int(spark.sparkContext.defaultParallelism))
-        return spark, min(n_parts, reads)
+        return spark, n_parts if reads is None else min(n_parts, reads)
 
     def _run_job(self, runners: list[ActorRunner], max_rows: int) -> int:
         share = max(1, max_rows // len(runners))
+        first = runners[0]
+        if self.pushdown and has_sql_form(first.job_filter, first.upstream.schema):
+            return self._run_batches(runners, share)
         reads: list[tuple[ActorRunner, SnapshotRead]] = [
             (r, read) for r in runners for read in r.executor.next_spread_read(share)
         ]
         if not reads:
             return 0
-        first = runners[0]
         spark, n_parts = self._active_session(len(reads))
         # contiguous groups of vnodes, as even as the rows allow
         parts: list[list[Any]] = [[] for _ in range(n_parts)]
         for i, (r, read) in enumerate(reads):
-            after = (
-                None
-                if read.after is None
-                else [value_to_json(t, x) for t, x in zip(r.pk_types, read.after, strict=True)]
+            parts[i * n_parts // len(reads)].append(
+                [read.vnode, _key_to_json(r, read.after), read.limit]
             )
-            parts[i * n_parts // len(reads)].append([read.vnode, after, read.limit])
         plan = self._plan(first, parts) | {
             "upstream_table": first.upstream.name,
             "upstream_schema": first.upstream.schema.to_json(),
             "read_epoch": first.executor.snapshot_epoch,
         }
-        text = json.dumps(plan)
-        if self.pushdown and has_sql_form(first.job_filter, first.upstream.schema):
-            self.pushdown_jobs += 1
-            got = self._pushed_down(spark, text, n_parts)
-        else:
-            got = self._moved_through_spark(spark, text)
+        got = self._moved_through_spark(spark, json.dumps(plan))
         self.jobs += 1
         total = 0
         for r, read in reads:
             count, last = got.get(read.vnode, (0, None))
-            pos = (
-                None
-                if last is None
-                else tuple(coerce_value(t, x) for t, x in zip(r.pk_types, last, strict=True))
-            )
-            r.executor.on_read_summary(read, int(count), pos)
+            r.executor.on_read_summary(read, int(count), _key_from_json(r, last))
             total += int(count)
         return total
 
-    def _pushed_down(self, spark: Any, plan: str, groups: int) -> dict[int, tuple[int, Any]]:
-        """The reads run inside Postgres, one statement per Spark task (the view has a
-        SQL form): per vnode, (rows read, last key as JSON)."""
+    def _run_batches(self, runners: list[ActorRunner], share: int) -> int:
+        """The reads run inside Postgres (the view has a SQL form): each actor's vnodes in
+        groups, each group read whole vnode after whole vnode under its share of the rows
+        (``next_batch_reads``), one statement per group, the groups spread over one Spark
+        task per core.
+
+        Whole vnodes, where spread reads take a little of every vnode: a statement's rows
+        then go to a few places of the MV's key index, each a vnode of its own, where a
+        little of every vnode went between the rows earlier jobs had written there,
+        splitting pages in half. Measured on 2M rows, statements alone: 10-19% less time
+        and 14-19% less CPU, and a key index of 96-107 MB instead of 132 MB. One task per
+        core, not more: each task costs Spark some 50 ms (an empty job of two tasks took
+        0.10 s on a slow VM, of four 0.165 s), and creations with two tasks per core took
+        5.20-5.72 s against 4.99-5.18 s with one.
+        """
+        spark, cores = self._active_session()
+        per_actor = -(-cores // len(runners))
+        batches: list[tuple[ActorRunner, SnapshotBatchRead]] = [
+            (r, b) for r in runners for b in r.executor.next_batch_reads(share, per_actor)
+        ]
+        if not batches:
+            return 0
+        first = runners[0]
+        n_tasks = min(len(batches), cores)
+        tasks: list[list[Any]] = [[] for _ in range(n_tasks)]
+        for i, (r, b) in enumerate(batches):
+            starts = [[v, _key_to_json(r, a)] for v, a in b.starts]
+            tasks[i * n_tasks // len(batches)].append([b.limit, starts])
+        plan = self._plan(first, []) | {
+            "upstream_table": first.upstream.name,
+            "upstream_schema": first.upstream.schema.to_json(),
+            "read_epoch": first.executor.snapshot_epoch,
+            "batches": tasks,
+        }
+        got = self._pushed_down(spark, json.dumps(plan), n_tasks)
+        self.jobs += 1
+        self.pushdown_jobs += 1
+        total = 0
+        for r, b in batches:
+            summary = {
+                v: (got[v][0], _key_from_json(r, got[v][1])) for v, _ in b.starts if v in got
+            }
+            total += r.executor.on_batch_summary(b, summary)
+        return total
+
+    @staticmethod
+    def _pushed_down(spark: Any, plan: str, n_tasks: int) -> dict[int, tuple[int, Any]]:
+        """The plan's batches run inside Postgres, a statement each, in ``n_tasks`` Spark
+        tasks: per vnode, (rows read, last key as JSON)."""
         from spark_workers.pushdown_tasks import run_group
 
-        tasks = spark.sparkContext.parallelize(range(groups), groups)
+        tasks = spark.sparkContext.parallelize(range(n_tasks), n_tasks)
         rows = tasks.flatMap(functools.partial(run_group, plan)).collect()
         return {int(v): (int(n), json.loads(last)) for v, n, last in rows}
 
@@ -262,6 +301,20 @@ class SparkPath:
             if os.path.exists(summary_path):
                 os.unlink(summary_path)
         return {int(v): (int(n), last) for v, (n, last) in summary["vnodes"].items()}
+
+
+def _key_to_json(r: ActorRunner, key: tuple[Any, ...] | None) -> list[Any] | None:
+    """An actor's key (a read's position) as a plan carries it."""
+    if key is None:
+        return None
+    return [value_to_json(t, x) for t, x in zip(r.pk_types, key, strict=True)]
+
+
+def _key_from_json(r: ActorRunner, value: list[Any] | None) -> tuple[Any, ...] | None:
+    """An actor's key from a summary's JSON."""
+    if value is None:
+        return None
+    return tuple(coerce_value(t, x) for t, x in zip(r.pk_types, value, strict=True))
 
 
 def has_sql_form(filter_expr: Any, schema: TableSchema) -> bool:

@@ -45,10 +45,17 @@ def write_view(
     reads: Sequence[tuple[int, Row | None, int]],
     where: sql.Composable,
     write_epoch: int,
+    *,
+    limit: int | None = None,
 ) -> dict[int, tuple[int, Row]]:
     """Read ``(vnode, after pk, limit)`` at ``read_epoch``, write the rows ``where``
     keeps (projected to the MV's columns) at ``write_epoch``; per vnode that had rows,
     ``(rows read, last pk read)``. Runs in the caller's transaction (fence it first).
+
+    With ``limit``, the reads run one after the other until ``limit`` rows are read in
+    all (a batch read: whole vnodes one after the other). They must then come as
+    ``_padded`` orders them, those from a position first, so that they run in the
+    order the caller accounts for them.
 
     The last write of a key in an epoch wins, as with ``VersionedTable.write``: a key
     the MV already has at ``write_epoch`` is updated (a savepoint retries the insert as
@@ -62,19 +69,38 @@ def write_view(
     """
     if not reads:
         return {}
+    fresh = [a is None for _, a, _ in reads]
+    if limit is not None and fresh != sorted(fresh):
+        raise ValueError("a batch read's reads from a position must come first")
     reads = _padded(reads)
-    params = [*upstream.snapshot_params(read_epoch, reads), write_epoch]
+    params = [*upstream.snapshot_params(read_epoch, reads)]
+    if limit is not None:
+        params.append(limit)
+    params.append(write_epoch)
     where_text = where.as_string(cur)
-    shape = (upstream.identity, mv.identity, tuple(a is None for _, a, _ in reads), where_text)
+    shape = (
+        upstream.identity,
+        mv.identity,
+        tuple(a is None for _, a, _ in reads),
+        where_text,
+        limit is not None,
+    )
+    limited = limit is not None
     cur.execute("SAVEPOINT view_write")
     try:
         rows = _execute(
-            cur, (*shape, False), lambda: _statement(upstream, mv, reads, where, False), params
+            cur,
+            (*shape, False),
+            lambda: _statement(upstream, mv, reads, where, False, limited),
+            params,
         )
     except errors.UniqueViolation:
         cur.execute("ROLLBACK TO SAVEPOINT view_write")
         rows = _execute(
-            cur, (*shape, True), lambda: _statement(upstream, mv, reads, where, True), params
+            cur,
+            (*shape, True),
+            lambda: _statement(upstream, mv, reads, where, True, limited),
+            params,
         )
     cur.execute("RELEASE SAVEPOINT view_write")
     decode = upstream.decode_key
@@ -110,15 +136,19 @@ def _statement(
     reads: Sequence[tuple[int, Row | None, int]],
     where: sql.Composable,
     upsert: bool,
+    limited: bool,
 ) -> sql.Composable:
     """The statement of ``write_view`` with ``$n`` placeholders: the snapshot reads',
-    then the write epoch."""
+    the limit of them all (``limited``), then the write epoch."""
     numbers = itertools.count(1)
 
     def param() -> sql.Composable:
         return sql.SQL(f"${next(numbers)}")
 
     select, _ = upstream.snapshot_reads_query(0, reads, param=param)
+    if limited:
+        # the branches of a UNION ALL run in order, and stop at the limit
+        select = sql.SQL("SELECT * FROM ({}) u LIMIT {}").format(select, param())
     pk = upstream.schema.primary_key
     mv_values = [c.name for c in mv.schema.value_columns]
     write = sql.SQL(

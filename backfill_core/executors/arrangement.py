@@ -22,8 +22,10 @@ from typing import Any
 
 from backfill_core.changes import Row, RowChange
 from backfill_core.executors.flow import (
+    account_batch,
     apply_flow_mutation,
     check_summary,
+    split_batches,
     spread_reads,
     vnode_progress_rows,
 )
@@ -227,6 +229,26 @@ class ArrangementBackfill:
         return spread_reads(
             pending, first.limit, self.snapshot_epoch, lambda v: self.progress[v].current_pos
         )
+
+    def next_batch_reads(self, max_rows: int, parts: int) -> list[SnapshotBatchRead]:
+        """The vnodes still to read this epoch in up to ``parts`` groups, each read vnode
+        after vnode under its share of ``max_rows`` (and the budget); the groups are
+        independent and may run in parallel. Each is accounted with ``on_batch_summary``.
+        """
+        first = self.next_read(max_rows)
+        if first is None:
+            return []
+        pending = [v for v in self.vnodes if v not in self.exhausted]
+        return split_batches(
+            pending, first.limit, parts, self.snapshot_epoch, lambda v: self.progress[v].current_pos
+        )
+
+    def on_batch_summary(
+        self, read: SnapshotBatchRead, summary: Mapping[int, tuple[int, Row | None]]
+    ) -> int:
+        """Account for a batch read whose rows were handled elsewhere (a Spark task wrote
+        them) from its per-vnode ``(rows read, last key)``; returns the rows read."""
+        return account_batch(read, summary, self.on_read_summary)
 
     def next_batch_read(self, max_rows: int) -> SnapshotBatchRead | None:
         """All vnodes still to read this epoch, in order, under one row limit."""

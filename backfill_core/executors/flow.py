@@ -1,5 +1,6 @@
 """Snapshot-read pacing shared by the executors: rate-limit mutations, the spread of
-one row budget over vnodes, and the checks on a read's summary."""
+one row budget over vnodes (or over groups of vnodes read one after the other), and the
+checks on a read's summary."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from backfill_core.changes import Row
-from backfill_core.executors.messages import Mutation, SnapshotRead
+from backfill_core.executors.messages import Mutation, SnapshotBatchRead, SnapshotRead
 
 
 def apply_flow_mutation(
@@ -40,6 +41,59 @@ def spread_reads(
             break
         reads.append(SnapshotRead(v, epoch, position(v), limit))
     return reads
+
+
+def split_batches(
+    pending: Sequence[int],
+    total: int,
+    parts: int,
+    epoch: int,
+    position: Callable[[int], Row | None],
+) -> list[SnapshotBatchRead]:
+    """``pending`` vnodes in up to ``parts`` contiguous groups, each read vnode after
+    vnode under its share of ``total`` rows (the first groups take the remainder).
+
+    Within a group the vnodes that have a position come first, then those not started,
+    each in vnode order: a group goes on where it stopped before it starts a vnode.
+    Reading whole vnodes one after the other, where spread reads take a little of
+    every vnode, keeps each vnode's rows together in the MV's key index.
+    """
+    n = min(parts, len(pending), total)
+    if n <= 0:
+        return []
+    share, extra = divmod(total, n)
+    batches = []
+    for i in range(n):
+        group = pending[i * len(pending) // n : (i + 1) * len(pending) // n]
+        starts = [(v, position(v)) for v in group]
+        # stable: the started vnodes, then the fresh ones
+        starts.sort(key=lambda s: s[1] is None)
+        batches.append(SnapshotBatchRead(epoch, tuple(starts), share + (1 if i < extra else 0)))
+    return batches
+
+
+def account_batch(
+    read: SnapshotBatchRead,
+    summary: Mapping[int, tuple[int, Row | None]],
+    on_read_summary: Callable[[SnapshotRead, int, Row | None], None],
+) -> int:
+    """Account for a batch read from its per-vnode summary ``(rows read, last key)``, as
+    for the single reads it stands for: each vnode of ``read.starts`` in turn, limited
+    to what the vnodes before it left of the batch's limit. Returns the rows read."""
+    unknown = set(summary) - {v for v, _ in read.starts}
+    if unknown:
+        raise ValueError(f"a batch read summarized vnodes it does not read: {sorted(unknown)}")
+    remaining = read.limit
+    for v, after in read.starts:
+        count, last = summary.get(v, (0, None))
+        if remaining <= 0:
+            if count:
+                raise ValueError("a batch read returned more rows than asked for")
+            continue
+        # checks count <= remaining
+        on_read_summary(SnapshotRead(v, read.epoch, after, remaining), count, last)
+        remaining -= count
+    return read.limit - remaining
 
 
 def check_summary(read: SnapshotRead, count: int, last_pos: Row | None) -> None:
@@ -129,3 +183,25 @@ class FixedSnapshotReads:
             self.snapshot_epoch,
             lambda v: self.progress[v].current_pos,
         )
+
+    def next_batch_reads(self, max_rows: int, parts: int) -> list[SnapshotBatchRead]:
+        """The vnodes still to read in up to ``parts`` groups, each read vnode after vnode
+        under its share of ``max_rows`` (and the budget); the groups are independent and
+        may run in parallel. Each is accounted with ``on_batch_summary``."""
+        first = self.next_read(max_rows)
+        if first is None:
+            return []
+        return split_batches(
+            self._pending_vnodes(),
+            first.limit,
+            parts,
+            self.snapshot_epoch,
+            lambda v: self.progress[v].current_pos,
+        )
+
+    def on_batch_summary(
+        self, read: SnapshotBatchRead, summary: Mapping[int, tuple[int, Row | None]]
+    ) -> int:
+        """Account for a batch read whose rows were handled elsewhere (a Spark task wrote
+        them) from its per-vnode ``(rows read, last key)``; returns the rows read."""
+        return account_batch(read, summary, self.on_read_summary)

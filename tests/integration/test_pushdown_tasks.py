@@ -49,7 +49,9 @@ def setup(db: Database, fresh_db_url: str) -> Iterator[tuple[str, dict[str, Any]
         "recovery_seq": 0,
         "read_epoch": LOADED,
         "write_epoch": WRITE,
-        "partitions": [[[v, None, 100] for v in range(4)]],
+        "partitions": [],
+        # one task: every vnode, one after the other, up to 100 rows in all
+        "batches": [[[100, [[v, None] for v in range(4)]]]],
     }
     try:
         yield dsn, plan, admin

@@ -9,6 +9,7 @@ finish flag; and the view must equal the upstream wherever the backfill has reac
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from hypothesis import given, settings
@@ -26,6 +27,7 @@ from tests.kit.executors import (
     in_vnodes,
     key_of,
     new_store,
+    read_batches,
     vnode_of,
 )
 from tests.models.arrangement_reference import ArrangementReference
@@ -52,7 +54,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
     model.barrier(first.elapsed_ms, None, ACTOR)
     finished_at: int | None = None
 
-    for i, (ops, allowance, mutation, chunk, spread) in enumerate(history, start=1):
+    for i, (ops, allowance, mutation, chunk, reads) in enumerate(history, start=1):
         e = epoch(i)
         # upstream DML of epoch e, row at a time for the model, versions for the store
         versions = []
@@ -82,7 +84,11 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
         for v, r in snap_rows:
             by_vnode.setdefault(v, []).append(r)
         left = allowance
-        if spread:
+        if isinstance(reads, int):
+            model_read = functools.partial(model.read_one_from, snapshot=by_vnode)
+            mvs = (impl_mv, model_mv, e)
+            read_batches(impl, model_read, rows_of, (left, chunk, reads), mvs)
+        elif reads == "spread":
             # the driver's plan (which vnode, how many rows) is replayed into the model,
             # which finds the rows, positions and ends itself
             while left > 0 and (reads := impl.next_spread_read(min(chunk * 3, left))):

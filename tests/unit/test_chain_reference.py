@@ -11,6 +11,7 @@ during the replay, the upstream itself once finished.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -30,6 +31,7 @@ from tests.kit.executors import (
     in_vnodes,
     key_of,
     new_store,
+    read_batches,
     vnode_of,
 )
 from tests.models.chain_reference import ChainReference
@@ -91,7 +93,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
             if v == read.vnode and (read.after is None or key_of(r) > read.after)
         ][: read.limit]
 
-    for i, (ops, allowance, mutation, chunk, spread) in enumerate(history, start=1):
+    for i, (ops, allowance, mutation, chunk, reads) in enumerate(history, start=1):
         e = epoch(i)
         # upstream DML of epoch e, row at a time for the model, versions for the store
         versions = []
@@ -110,7 +112,11 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
         # snapshot reads of the open epoch
         read_rows = 0
         left = allowance
-        if spread:
+        if isinstance(reads, int):
+            model_read = functools.partial(model.read_one_from, snapshot=by_vnode)
+            mvs = (impl_mv, model_mv, e)
+            read_rows += read_batches(impl, model_read, rows_of, (left, chunk, reads), mvs)
+        elif reads == "spread":
             # the driver's plan (which vnode, how many rows) is replayed into the model,
             # which finds the rows, positions and ends itself
             while left > 0 and (reads := impl.next_spread_read(min(chunk * 3, left))):

@@ -40,6 +40,8 @@ from tests.kit.executors import (
     key_of,
     mutations,
     new_store,
+    read_batches,
+    read_modes,
     vnode_of,
 )
 from tests.models.snapshot_reference import SnapshotReference
@@ -95,7 +97,7 @@ phase1_steps = st.lists(
         st.one_of(st.just(1_000), st.integers(0, 8)),  # snapshot rows that fit before it
         mutations,
         st.integers(1, 4),  # read chunk size
-        st.booleans(),  # spread: one read per vnode at a time (the Spark path)
+        read_modes,
     ),
     max_size=10,
 )
@@ -192,11 +194,19 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
         if consumed:
             after_consumed += 1
         transition = consumed and after_consumed > extra_fake
-        ops, allowance, mutation, chunk, spread = next(steps, ([], 1_000, FORCE, 4, False))
+        ops, allowance, mutation, chunk, reads = next(steps, ([], 1_000, FORCE, 4, "single"))
         # snapshot reads of the open (fake) epoch
         read_rows = 0
         left = allowance
-        if spread:
+        if isinstance(reads, int):
+            read_rows += read_batches(
+                impl,
+                model.read_one_from,
+                rows_of,
+                (left, chunk, reads),
+                (impl_mv, model_mv, fake(k)),
+            )
+        elif reads == "spread":
             while left > 0 and (reads := impl.next_spread_read(min(chunk * 3, left))):
                 for read in reads:
                     assert read.epoch == snapshot_epoch
