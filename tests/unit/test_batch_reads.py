@@ -11,6 +11,7 @@ from backfill_core.epoch import EpochPair
 from backfill_core.executors.arrangement import ArrangementBackfill
 from backfill_core.executors.flow import split_batches
 from backfill_core.executors.messages import Barrier, BarrierKind
+from spark_workers.spark_path import groups_per_actor
 from tests.kit.executors import ACTOR, epoch, key_of
 
 
@@ -66,3 +67,10 @@ def test_a_batch_summary_that_breaks_the_limit_or_its_vnodes_is_refused() -> Non
     [batch] = ex.next_batch_reads(5, parts=1)
     with pytest.raises(ValueError, match="does not read"):
         ex.on_batch_summary(batch, {3: (1, (3,))})
+
+
+@given(actors=st.integers(1, 32), cores=st.integers(1, 16))
+def test_a_jobs_groups_split_evenly_over_one_task_per_core(actors: int, cores: int) -> None:
+    per_actor = groups_per_actor(actors, cores)
+    assert 1 <= per_actor <= cores
+    assert (actors * per_actor) % cores == 0
