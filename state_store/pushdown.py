@@ -69,23 +69,16 @@ def write_view(
     """
     if not reads:
         return {}
+    limited = limit is not None
     fresh = [a is None for _, a, _ in reads]
-    if limit is not None and fresh != sorted(fresh):
+    if limited and fresh != sorted(fresh):
         raise ValueError("a batch read's reads from a position must come first")
     reads = _padded(reads)
-    params = [*upstream.snapshot_params(read_epoch, reads)]
-    if limit is not None:
-        params.append(limit)
+    params = [*upstream.snapshot_params(read_epoch, reads), *([limit] if limited else [])]
     params.append(write_epoch)
     where_text = where.as_string(cur)
-    shape = (
-        upstream.identity,
-        mv.identity,
-        tuple(a is None for _, a, _ in reads),
-        where_text,
-        limit is not None,
-    )
-    limited = limit is not None
+    pattern = tuple(a is None for _, a, _ in reads)
+    shape = (upstream.identity, mv.identity, pattern, where_text, limited)
     cur.execute("SAVEPOINT view_write")
     try:
         rows = _execute(

@@ -271,15 +271,8 @@ class ArrangementBackfill:
                 raise ValueError("batch read rows are not in the order of the request")
             last = pos
             groups.setdefault(v, []).append(row)
-        out: list[Row] = []
-        remaining = read.limit
-        for v, after in read.starts:
-            if remaining <= 0:
-                break
-            got = groups.get(v, [])
-            out += self.on_snapshot_rows(SnapshotRead(v, read.epoch, after, remaining), got)
-            remaining -= len(got)
-        return out
+        self.on_batch_summary(read, {v: (len(g), self.pk_of(g[-1])) for v, g in groups.items()})
+        return [row for v, _ in read.starts for row in groups.get(v, [])]
 
     # progress -------------------------------------------------------------
 

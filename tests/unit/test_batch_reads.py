@@ -74,3 +74,16 @@ def test_a_jobs_groups_split_evenly_over_one_task_per_core(actors: int, cores: i
     per_actor = groups_per_actor(actors, cores)
     assert 1 <= per_actor <= cores
     assert (actors * per_actor) % cores == 0
+
+
+def test_rows_of_a_batch_read_are_accounted_as_its_summary() -> None:
+    """The driver's batch read (rows in hand) and a Spark task's (a summary) agree."""
+    ex = started_actor([0, 1, 2])
+    batch = ex.next_batch_read(10)
+    assert batch is not None
+    rows = [(0, (k, 0)) for k in (0, 4, 8, 12)] + [(1, (k, 0)) for k in range(1, 12, 2)]
+    assert ex.on_batch_rows(batch, rows) == [r for _, r in rows]
+    assert ex.exhausted == {0}
+    assert ex.progress[1].current_pos == (11,) and ex.progress[2].current_pos is None
+    with pytest.raises(ValueError, match="not in the order"):
+        ex.on_batch_rows(batch, [(2, (2, 0)), (1, (13, 0))])
