@@ -117,9 +117,11 @@ class Plan:
     read_epoch: int
     write_epoch: int
     partitions: list[list[tuple[int, Any, int]]]  # (vnode, after pk as JSON, limit)
-    # pushed down: per task, batches of (limit, [(vnode, after pk as JSON)]), each read
-    # vnode after vnode under its limit
-    batches: list[list[tuple[int, list[tuple[int, Any]]]]] | None = None
+    # pushed down: groups of reads (limit, [(vnode, after pk as JSON)]), each read vnode
+    # after vnode under its limit, which the tasks take in turn from the work queue
+    # ``queue`` (a token of ``work_queues``)
+    groups: list[tuple[int, list[tuple[int, Any]]]] | None = None
+    queue: str | None = None
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -137,7 +139,8 @@ class Plan:
             read_epoch=d["read_epoch"],
             write_epoch=d["write_epoch"],
             partitions=[[tuple(r) for r in p] for p in d["partitions"]],  # type: ignore[misc]
-            batches=d.get("batches"),
+            groups=d.get("groups"),
+            queue=d.get("queue"),
         )
 
     def pk_from_json(self, value: Any) -> tuple[Any, ...] | None:

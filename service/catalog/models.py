@@ -289,3 +289,14 @@ class ApiToken(Base):
     role: Mapped[str] = mapped_column(Text)
     source: Mapped[str] = mapped_column(Text)  # settings | generated | embedded-worker | session
     created_at: Mapped[dt.datetime] = _now()
+
+
+class WorkQueue(Base):
+    """The groups of reads one pushed-down Spark job's tasks take in turn: ``taken`` of
+    them so far (see ``spark_workers.pushdown_tasks``). Unlogged, one row per running job."""
+
+    __tablename__ = "work_queues"
+    __table_args__ = {"prefixes": ["UNLOGGED"]}
+    token: Mapped[str] = mapped_column(Text, primary_key=True)
+    taken: Mapped[int] = mapped_column(Integer, server_default="0")
+    created_at: Mapped[dt.datetime] = _now()

@@ -72,7 +72,10 @@ CHEAP_WITH_JSONB = {"and": [CHEAP, {"not": {"col": "doc", "op": "=", "value": {"
     ids=["inside Postgres", "rows through Spark"],
 )
 def test_every_type_round_trips_through_spark(
-    spark_cluster: tuple[httpx.Client, Worker], view_filter: dict[str, Any], pushed_down: bool
+    spark_cluster: tuple[httpx.Client, Worker],
+    db: Database,
+    view_filter: dict[str, Any],
+    pushed_down: bool,
 ) -> None:
     http, worker = spark_cluster
     r = http.post("/v1/tables", json={"name": "things", "columns": COLUMNS, "primary_key": ["id"]})
@@ -103,6 +106,8 @@ def test_every_type_round_trips_through_spark(
     assert worker.spark is not None and worker.spark.jobs >= 2  # several epochs went through Spark
     if pushed_down:
         assert worker.spark.pushdown_jobs == worker.spark.jobs
+        with db.engine.connect() as conn:  # each job's work queue went with it
+            assert conn.exec_driver_sql("SELECT count(*) FROM work_queues").scalar() == 0
     else:
         assert worker.spark.pushdown_jobs == 0
     rows = http.get("/v1/tables/cheap_things/rows", params={"limit": 1_000}).json()["rows"]

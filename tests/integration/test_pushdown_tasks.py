@@ -1,8 +1,10 @@
-"""A pushed-down Spark task keeps its process's connection (and the statements prepared
-on it) for the next task, and replaces one that broke meanwhile or failed a task."""
+"""A pushed-down Spark task keeps its process's connections (and the statements prepared
+on them) for the next task, and replaces one that broke meanwhile or failed a task; the
+tasks of a job take its groups of reads from its work queue, each group once."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -50,8 +52,8 @@ def setup(db: Database, fresh_db_url: str) -> Iterator[tuple[str, dict[str, Any]
         "read_epoch": LOADED,
         "write_epoch": WRITE,
         "partitions": [],
-        # one task: every vnode, one after the other, up to 100 rows in all
-        "batches": [[[100, [[v, None] for v in range(4)]]]],
+        # one group: every vnode, one after the other, up to 100 rows in all
+        "groups": [[100, [[v, None] for v in range(4)]]],
     }
     try:
         yield dsn, plan, admin
@@ -62,9 +64,14 @@ def setup(db: Database, fresh_db_url: str) -> Iterator[tuple[str, dict[str, Any]
         admin.close()
 
 
+_queues = itertools.count()
+
+
 def _run(plan: dict[str, Any], write_epoch: int) -> int:
-    """Rows read by the plan's one task, writing at ``write_epoch``."""
-    return sum(n for _, n, _ in run_group(json.dumps(plan | {"write_epoch": write_epoch}), 0))
+    """Rows read by one task running the whole plan (a work queue of its own), writing at
+    ``write_epoch``."""
+    plan = plan | {"write_epoch": write_epoch, "queue": f"q{next(_queues)}"}
+    return sum(n for _, _, n, _ in run_group(json.dumps(plan), 0))
 
 
 def _mv_rows(admin: Any, epoch: int) -> int:
@@ -106,3 +113,24 @@ def test_a_failed_task_leaves_no_connection_behind(
         cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [first])
         assert cur.fetchone()[0] == 0, "the failed task's connection is still open"
     assert _run(plan, WRITE + 1) == 20 and _mv_rows(admin, WRITE + 1) == 20
+
+
+def test_the_tasks_of_a_job_take_each_group_once(setup: tuple[str, dict[str, Any], Any]) -> None:
+    """Tasks sharing a work queue: what one took, the next does not run again; a group
+    that read nothing still says it ran; the queue's row goes with the job."""
+    dsn, plan, admin = setup
+    groups = [[5, [[0, None], [1, None]]], [100, [[2, None]]], [3, [[3, [100]]]]]
+    job = json.dumps(plan | {"groups": groups, "queue": "job-1"})
+    with admin.cursor() as cur:
+        # another task of the job got here first and took group 0
+        cur.execute("INSERT INTO work_queues (token) VALUES ('job-1')")
+    got = run_group(job, 1)
+    assert {g for g, *_ in got} == {1, 2}
+    in_vnode_2 = sum(VersionedTable("mv", SCHEMA).vnode_of((i, "")) == 2 for i in range(20))
+    assert [(v, n) for g, v, n, _ in got if g == 1] == [(2, in_vnode_2)]
+    assert [(v, n) for g, v, n, _ in got if g == 2] == [(pushdown_tasks.NO_ROWS, 0)]
+    assert run_group(job, 0) == [], "a task ran groups another had taken"
+    assert _mv_rows(admin, WRITE) == in_vnode_2
+    with admin.cursor() as cur:
+        cur.execute("SELECT taken FROM work_queues WHERE token = 'job-1'")
+        assert cur.fetchone()[0] >= 3
