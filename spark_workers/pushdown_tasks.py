@@ -74,7 +74,7 @@ def _kept_connection(key: str) -> Any:
 
 def _claims(dsn: str, queue: str) -> Iterator[int]:
     """The indexes of the groups this task takes from work queue ``queue``, in order,
-    while the queue has any: each one is taken once, by whichever task asks first. The
+    until the queue is gone: each one is taken once, by whichever task asks first. The
     claims commit at once (autocommit, on a connection of their own that this process
     keeps too), so another task never waits on them."""
     import psycopg2
@@ -88,17 +88,17 @@ def _claims(dsn: str, queue: str) -> Iterator[int]:
         with conn.cursor() as cur:
             while True:
                 cur.execute(CLAIM, [queue])
-                yield int(cur.fetchone()[0])
+                row = cur.fetchone()
+                if row is None:  # the driver deleted it: its job is over
+                    return
+                yield int(row[0])
     except psycopg2.Error:
         _forget(key, conn)
         raise
 
 
-# the first claim creates the queue's row (taking group 0), each later one takes the next
-CLAIM = (
-    "INSERT INTO work_queues (token) VALUES (%s) "
-    "ON CONFLICT (token) DO UPDATE SET taken = work_queues.taken + 1 RETURNING taken"
-)
+# the driver creates a job's queue (nothing taken) and deletes it after the job
+CLAIM = "UPDATE work_queues SET taken = taken + 1 WHERE token = %s RETURNING taken - 1"
 
 
 def _forget(key: str, conn: Any) -> None:

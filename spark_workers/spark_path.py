@@ -270,10 +270,18 @@ class SparkPath:
             ],
             "queue": queue,
         }
+        self._queue_statement("INSERT INTO work_queues (token) VALUES (%s)", queue)
         try:
             got = self._pushed_down(spark, json.dumps(plan), min(len(batches), cores))
         finally:
-            self._drop_queue(queue)
+            try:  # with any a driver that died mid-job left
+                self._queue_statement(
+                    "DELETE FROM work_queues WHERE token = %s "
+                    "OR created_at < now() - interval '1 hour'",
+                    queue,
+                )
+            except Exception as e:  # a row left behind costs nothing; a later job sweeps it
+                log.warning("could not delete work queue %s: %s", queue, e)
         self.jobs += 1
         self.pushdown_jobs += 1
         if set(got) != set(range(len(batches))):
@@ -299,25 +307,20 @@ class SparkPath:
                 summary[int(v)] = (int(n), json.loads(last))
         return got
 
-    def _drop_queue(self, queue: str) -> None:
-        """Delete a job's work queue, and any that a driver which died mid-job left."""
+    def _queue_statement(self, statement: str, queue: str) -> None:
+        """Create or delete a job's work queue (autocommit, on a connection kept for it)."""
         import psycopg2
 
+        if self._queue_conn is None or self._queue_conn.closed:
+            self._queue_conn = psycopg2.connect(self.dsn, options=WORKER_DATA_OPTIONS)
+            self._queue_conn.autocommit = True
         try:
-            if self._queue_conn is None or self._queue_conn.closed:
-                self._queue_conn = psycopg2.connect(self.dsn, options=WORKER_DATA_OPTIONS)
-                self._queue_conn.autocommit = True
             with self._queue_conn.cursor() as cur:
-                cur.execute(
-                    "DELETE FROM work_queues WHERE token = %s "
-                    "OR created_at < now() - interval '1 hour'",
-                    [queue],
-                )
-        except psycopg2.Error as e:  # a row left behind costs nothing; a later job sweeps it
-            log.warning("could not delete work queue %s: %s", queue, e)
-            if self._queue_conn is not None:
-                self._queue_conn.close()
-                self._queue_conn = None
+                cur.execute(statement, [queue])
+        except psycopg2.Error:
+            self._queue_conn.close()
+            self._queue_conn = None
+            raise
 
     @staticmethod
     def _moved_through_spark(spark: Any, plan: str) -> dict[int, tuple[int, Any]]:
