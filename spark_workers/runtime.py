@@ -54,7 +54,6 @@ class Worker:
         self.must_register = True
         self.driver_pushdowns = 0  # driver reads that ran inside Postgres
         self.barrier_wanted = False  # actors read all they had: the next poll asks for it
-        self.polled: list[dict[str, Any]] | None = None  # a poll's answer not acted on yet
 
     # lifecycle --------------------------------------------------------------
 
@@ -65,7 +64,6 @@ class Worker:
             self.conn.close()
         self.conn = psycopg2.connect(reg["database_url"], options=WORKER_DATA_OPTIONS)
         self.runners.clear()
-        self.polled = None
         if self.settings.spark_mode != "never":
             if self.spark is not None and self.spark.dsn != reg["database_url"]:
                 self.spark.stop()
@@ -145,7 +143,6 @@ class Worker:
 
     def _fail(self, message: str) -> None:
         self.runners.clear()
-        self.polled = None
         if self.conn is not None:
             try:
                 self.conn.rollback()
@@ -175,11 +172,9 @@ class Worker:
     def _step(self) -> None:
         busy = any(r.has_reads() for r in self.runners.values())
         wanted, self.barrier_wanted = self.barrier_wanted, False
-        assignments, self.polled = self.polled, None
-        if assignments is None:
-            assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
-                "assignments"
-            ]
+        assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
+            "assignments"
+        ]
         collects = self._barriers(assignments)
         while collects:
             try:
@@ -344,7 +339,6 @@ class Worker:
                 return
             pending = self.client.poll(timeout_ms=0)["assignments"]
             if any(a["barriers"] for a in pending):
-                self.polled = pending  # the next step's: polling again cost 10-20 ms a job
                 return
 
 
