@@ -41,11 +41,8 @@ def _in_transaction(dsn: str, work: Callable[[Any], T]) -> T:
     """``work(cursor)`` in one transaction on this process's connection to ``dsn``,
     committed. A connection that fails is closed and forgotten; one that had broken while
     idle (a restarted server) is replaced once, before any work was done on it."""
-    import psycopg2
 
-    conn = _kept_connection(dsn)
-    if conn is None:
-        conn = _CONNECTIONS[dsn] = psycopg2.connect(dsn, options=WORKER_DATA_OPTIONS)
+    conn = _connection(dsn, dsn)
     try:
         with conn.cursor() as cur:
             result = work(cur)
@@ -54,6 +51,18 @@ def _in_transaction(dsn: str, work: Callable[[Any], T]) -> T:
     except BaseException:
         _forget(dsn, conn)
         raise
+
+
+def _connection(key: str, dsn: str, *, autocommit: bool = False) -> Any:
+    """The connection this process keeps under ``key`` (replaced if it stopped
+    answering), or a new one to ``dsn``, kept from now on."""
+    import psycopg2
+
+    conn = _kept_connection(key)
+    if conn is None:
+        conn = _CONNECTIONS[key] = psycopg2.connect(dsn, options=WORKER_DATA_OPTIONS)
+        conn.autocommit = autocommit
+    return conn
 
 
 def _kept_connection(key: str) -> Any:
@@ -80,10 +89,7 @@ def _claims(dsn: str, queue: str) -> Iterator[int]:
     import psycopg2
 
     key = f"{dsn} (work queue)"
-    conn = _kept_connection(key)
-    if conn is None:
-        conn = _CONNECTIONS[key] = psycopg2.connect(dsn, options=WORKER_DATA_OPTIONS)
-        conn.autocommit = True
+    conn = _connection(key, dsn, autocommit=True)
     try:
         with conn.cursor() as cur:
             while True:

@@ -2,9 +2,9 @@
 
 A Spark job's tasks take its groups of vnode reads one at a time, in order, by bumping
 ``taken`` of the job's row (the worker's driver creates it before the job and deletes it
-after; a task that finds it gone stops). A task that finishes early takes the next group instead of idling while
-another task works through a share fixed in advance. Unlogged: a row lives as long as
-one Spark job, which a server crash fails anyway.
+after; a task that finds it gone stops). A task that finishes early takes the next group
+instead of idling while another task works through a share fixed in advance. Unlogged:
+a row lives as long as one Spark job, which a server crash fails anyway.
 
 Revision ID: 0011
 Revises: 0010
