@@ -27,6 +27,13 @@ NO_JIT = "-c jit=off"
 # the view back to the committed epoch).
 WORKER_DATA_OPTIONS = NO_JIT + " -c synchronous_commit=off"
 READER_POOL_SIZE = 8
+# The advisory lock ("grap", graph id) in front of a graph's row: whoever locks the row
+# for update (``barriers.lock_graph``: injections, collects, recovery) takes it first,
+# exclusively, and a Spark round fenced on the row takes it shared before its share
+# lock. The lock manager queues a shared request behind a waiting exclusive one, where
+# row locks do not: a job's tasks, whose rounds overlap, would share-lock the row without
+# a break and the barrier that is to stop them would never get it.
+GRAPH_GATE_LOCK = 0x6772_6170
 # deadlock_detected and serialization_failure: Postgres rolled the victim back whole
 RETRYABLE_PGCODES = frozenset({"40P01", "40001"})
 DEADLOCK_ATTEMPTS = 3

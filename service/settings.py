@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     spark_epoch_rows: int = Field(
         default=400_000, ge=1, le=1_000_000_000, description="rows one Spark job reads per job"
     )
+    spark_rounds: bool = Field(
+        default=True,
+        description="the Spark job of an unthrottled table backfill whose view runs inside "
+        "Postgres spans epochs: its groups of reads run as rounds at the epochs the worker "
+        "releases, and a barrier waits for the rounds under way only (spark_workers.rounds)",
+    )
     pushdown: bool = Field(
         default=True,
         description="run a view that has a SQL form inside Postgres (each Spark task, and "

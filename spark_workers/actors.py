@@ -77,6 +77,9 @@ class ActorRunner:
         self._pk_types = up_schema.pk_types
         self.pk_types = up_schema.pk_types
         self.estimated_rows: int | None = None  # this actor's share of the upstream
+        # its snapshot reads run in a Spark job spanning epochs (``spark_workers.rounds``):
+        # nothing else reads for it meanwhile
+        self.in_rounds = False
         self.vnode_ranges: list[tuple[int, int]] = [(lo, hi) for lo, hi in assignment["vnodes"]]
         vnodes = [v for lo, hi in self.vnode_ranges for v in range(lo, hi)]
         restore = assignment.get("restore") or {}
@@ -192,7 +195,7 @@ class ActorRunner:
         fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
 
     def has_reads(self) -> bool:
-        return self.executor.next_read(1) is not None
+        return not self.in_rounds and self.executor.next_read(1) is not None
 
     def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
         """Complete the closing epoch (write its changes) and return the collect."""
@@ -246,6 +249,8 @@ class ActorRunner:
     def read_some(self, conn: Any, max_rows: int) -> int:
         """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""
         ex = self.executor
+        if self.in_rounds:
+            return -1
         if self.pushed_where is not None or not isinstance(ex, ArrangementBackfill):
             return self._read_spread(conn, max_rows)
         read = ex.next_batch_read(max_rows)

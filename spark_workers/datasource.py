@@ -122,6 +122,9 @@ class Plan:
     # ``queue`` (a token of ``work_queues``)
     groups: list[tuple[int, list[tuple[int, Any]]]] | None = None
     queue: str | None = None
+    # a job spanning epochs: each group is a round at the epochs the driver releases in
+    # the queue's row (``pushdown_tasks._run_rounds``), not at the plan's
+    rounds: bool = False
 
     @classmethod
     def from_json(cls, text: str) -> Plan:
@@ -141,6 +144,7 @@ class Plan:
             partitions=[[tuple(r) for r in p] for p in d["partitions"]],  # type: ignore[misc]
             groups=d.get("groups"),
             queue=d.get("queue"),
+            rounds=bool(d.get("rounds", False)),
         )
 
     def pk_from_json(self, value: Any) -> tuple[Any, ...] | None:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from backfill_core.schema import value_to_json
-from service.db import WORKER_DATA_OPTIONS
+from service.db import GRAPH_GATE_LOCK, WORKER_DATA_OPTIONS
 from spark_workers.datasource import Plan, _fence
 
 T = TypeVar("T")
@@ -125,10 +126,19 @@ def _freeze_imports() -> None:
         gc.freeze()
 
 
+# one process per branch keeps each vnode's rows in key order, and the branches run in
+# order (a batch's limit counts them so); the rows read are kept once for the write and
+# the summary: in memory
+_STATEMENT_SETTINGS = "SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL work_mem = '64MB'"
+
+
 def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
     """Run groups of the plan's reads inside Postgres, taking them from its work queue
     until none is left (a Spark task's body; ``index`` is the task's). Every group this
-    task ran has at least one entry, ``(group, NO_ROWS, 0, "null")`` when it read none."""
+    task ran has at least one entry, ``(group, NO_ROWS, 0, "null")`` when it read none.
+
+    A job spanning epochs (``plan.rounds``) runs each group as a round of its own
+    (``_run_rounds``) and leaves the summaries in ``work_rounds`` instead."""
     from state_store.pushdown import READ, write_view
     from state_store.versioned import VersionedTable
     from state_store.view_sql import filter_sql
@@ -150,29 +160,104 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
     mv = VersionedTable(plan.mv_table, plan.mv_schema)
     queue = plan.queue
 
+    def write(cur: Any, g: int, read_epoch: int, write_epoch: int) -> dict[int, tuple[int, Any]]:
+        limit, reads = groups[g]
+        return write_view(cur, upstream, mv, read_epoch, reads, where, write_epoch, limit=limit)
+
+    if plan.rounds:
+        _run_rounds(plan, len(groups), write)
+        return []
+
     def work(cur: Any) -> dict[int, dict[int, tuple[int, Any]]]:
         _fence(cur, plan.graph_id, plan.recovery_seq)
-        # one process per branch keeps each vnode's rows in key order, and the branches
-        # run in order (a batch's limit counts them so)
-        cur.execute("SET LOCAL max_parallel_workers_per_gather = 0")
-        # the rows read are kept once for the write and the summary: in memory
-        cur.execute("SET LOCAL work_mem = '64MB'")
+        cur.execute(_STATEMENT_SETTINGS)
         done: dict[int, dict[int, tuple[int, Any]]] = {}
         for g in _claims(plan.dsn, queue):
             if g >= len(groups):
                 break
-            limit, reads = groups[g]
-            done[g] = write_view(
-                cur, upstream, mv, plan.read_epoch, reads, where, plan.write_epoch, limit=limit
-            )
+            done[g] = write(cur, g, plan.read_epoch, plan.write_epoch)
         return done
 
     done = _in_transaction(plan.dsn, work)
-    types = plan.upstream_schema.pk_types
     out: list[tuple[int, int, int, str]] = []
     for g, summary in done.items():
-        out += [
-            (g, v, n, json.dumps([value_to_json(t, x) for t, x in zip(types, last, strict=True)]))
-            for v, (n, last) in summary.items()
-        ] or [(g, NO_ROWS, 0, "null")]
+        out += [(g, v, n, _key_json(plan, last)) for v, (n, last) in summary.items()] or [
+            (g, NO_ROWS, 0, "null")
+        ]
     return out
+
+
+def _key_json(plan: Plan, key: Any) -> str:
+    return json.dumps(_key_values(plan, key))
+
+
+def _key_values(plan: Plan, key: Any) -> list[Any]:
+    types = plan.upstream_schema.pk_types
+    return [value_to_json(t, x) for t, x in zip(types, key, strict=True)]
+
+
+# A round's fence, in one statement after the gate: the graph's incarnation (share-locked,
+# so no recovery rolls back the round's rows under it) and the epochs the driver released
+# (none: it is handling a barrier; no row: the job is over).
+_ROUND_FENCE = """
+SELECT g.recovery_seq, q.token, q.read_epoch, q.write_epoch
+FROM graphs g LEFT JOIN work_queues q ON q.token = %s
+WHERE g.id = %s FOR SHARE OF g
+"""
+_ROUND_DONE = (
+    "INSERT INTO work_rounds (token, grp, read_epoch, write_epoch, summary) "
+    "VALUES (%s, %s, %s, %s, %s)"
+)
+# how long a task waits between two looks at a queue whose epoch the driver closed (it
+# is handling a barrier: some tens of ms)
+ROUND_WAIT_S = (0.001, 0.005)
+
+
+def _run_rounds(
+    plan: Plan, n_groups: int, write: Callable[[Any, int, int, int], dict[int, tuple[int, Any]]]
+) -> None:
+    """Run each group this task takes as one round: a transaction at the epoch the driver
+    released, fenced like any write and through the graph's gate, which leaves its
+    summary in ``work_rounds``. While the driver handles a barrier (it closed the epoch,
+    waiting for the rounds under way through the same gate) the task waits: a round is
+    accounted in the epoch it is written at, before the barrier closing that epoch. It
+    stops when the queue is gone."""
+    assert plan.queue is not None
+    queue = plan.queue
+    for g in _claims(plan.dsn, queue):
+        if g >= n_groups:
+            return
+        wait = ROUND_WAIT_S[0]
+        while True:
+            ran = _in_transaction(plan.dsn, lambda cur, g=g: _round(plan, queue, g, cur, write))
+            if ran is not None:
+                break
+            time.sleep(wait)
+            wait = min(wait * 2, ROUND_WAIT_S[1])
+        if not ran:
+            return
+
+
+def _round(
+    plan: Plan,
+    queue: str,
+    g: int,
+    cur: Any,
+    write: Callable[[Any, int, int, int], dict[int, tuple[int, Any]]],
+) -> bool | None:
+    """One attempt at group ``g``: True when it ran, None to wait, False to stop."""
+    cur.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", [GRAPH_GATE_LOCK, plan.graph_id])
+    cur.execute(_ROUND_FENCE, [queue, plan.graph_id])
+    row = cur.fetchone()
+    if row is None or row[0] != plan.recovery_seq:
+        raise RuntimeError(f"graph {plan.graph_id} recovered past this write; the task stops")
+    _, found, read_epoch, write_epoch = row
+    if found is None:
+        return False  # the driver ended the job
+    if write_epoch is None:
+        return None
+    cur.execute(_STATEMENT_SETTINGS)
+    summary = write(cur, g, read_epoch, write_epoch)
+    done = [[v, n, _key_values(plan, last)] for v, (n, last) in summary.items()]
+    cur.execute(_ROUND_DONE, [queue, g, read_epoch, write_epoch, json.dumps(done)])
+    return True

@@ -23,8 +23,9 @@ from service.db import WORKER_DATA_OPTIONS
 from service.settings import Settings, load_settings
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
+from spark_workers.rounds import RoundsJob, rounds_eligible
 from spark_workers.source_actor import SourceRunner
-from spark_workers.spark_path import SparkPath
+from spark_workers.spark_path import SparkPath, round_rows
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class Worker:
         self.must_register = True
         self.driver_pushdowns = 0  # driver reads that ran inside Postgres
         self.barrier_wanted = False  # actors read all they had: the next poll asks for it
+        self.rounds: RoundsJob | None = None  # a Spark job spanning epochs, if one runs
 
     # lifecycle --------------------------------------------------------------
 
@@ -62,6 +64,7 @@ class Worker:
         self.lease_ms = int(reg["lease_ms"])
         if self.conn is not None:
             self.conn.close()
+        self._end_rounds(account=False)
         self.conn = psycopg2.connect(reg["database_url"], options=WORKER_DATA_OPTIONS)
         self.runners.clear()
         if self.settings.spark_mode != "never":
@@ -135,6 +138,8 @@ class Worker:
         wait for the recovery's initial barrier. Not a failure: reporting one would only
         recover the graph again, and again."""
         log.info("dropping the actors of graph %s: %s", graph_id, why)
+        if self.rounds is not None and self.rounds.runners[0].graph_id == graph_id:
+            self._end_rounds(account=False)
         if self.conn is not None:
             self.conn.rollback()
         for actor_id, runner in list(self.runners.items()):
@@ -142,6 +147,7 @@ class Worker:
                 del self.runners[actor_id]
 
     def _fail(self, message: str) -> None:
+        self._end_rounds(account=False)
         self.runners.clear()
         if self.conn is not None:
             try:
@@ -157,6 +163,7 @@ class Worker:
             self.must_register = True  # a new connection comes with the registration
 
     def _shutdown(self) -> None:
+        self._end_rounds(account=False)
         try:
             self.client.deregister()
         except Exception as e:
@@ -175,7 +182,10 @@ class Worker:
         assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
             "assignments"
         ]
+        self._rounds_at(assignments)
         collects = self._barriers(assignments)
+        if self.rounds is not None:
+            self.rounds.release()  # its rounds go on while the barriers are collected
         while collects:
             try:
                 self.client.collect_many(collects)
@@ -194,6 +204,90 @@ class Worker:
                 self._superseded(graph_id, str(e))
                 collects = [c for c in collects if c["actor_id"] in self.runners]
         self._read_until_next_barrier()
+
+    # a Spark job spanning epochs --------------------------------------------
+
+    def _rounds_at(self, assignments: list[dict[str, Any]]) -> None:
+        """Before barriers are handled: account for the rounds of the epoch they close,
+        or end the job when it is over or the barriers change its actors."""
+        job = self.rounds
+        if job is None:
+            return
+        ids = {r.actor_id for r in job.runners}
+        mine = [a for a in assignments if a["actor_id"] in ids]
+        barriers = [b for a in mine for b in a["barriers"]]
+        if (
+            len(mine) < len(ids)
+            or any(b["kind"] == "initial" for b in barriers)
+            or any(self.runners.get(r.actor_id) is not r for r in job.runners)
+        ):
+            # a recovery rolls its rounds back; actors no longer here were dropped with
+            # their job (or stopped: a mutation ended the job before)
+            self._end_rounds(account=False)
+            return
+        changed = any(b["mutation"] for b in barriers)
+        if changed or not job.running:
+            self._end_rounds(account=True)
+            if not changed:
+                # the actors' reads left in this epoch (rows that came after their rounds)
+                # before the barrier closing it, which can then report them done
+                for r in job.runners:
+                    if self.runners.get(r.actor_id) is r:
+                        with self._unless_dropped([r]):
+                            r.read_some(self.conn, CHUNK_ROWS)
+        elif barriers:
+            job.close()
+            job.account(self.conn)
+
+    def _end_rounds(self, *, account: bool) -> None:
+        """Stop the Spark job spanning epochs, if one runs; with ``account``, its rounds
+        count (its actors go on), and an error of its own is raised."""
+        job, self.rounds = self.rounds, None
+        if job is None:
+            return
+        job.stop()
+        try:
+            if account and self.conn is not None:
+                job.account(self.conn)
+        finally:
+            if self.conn is not None:
+                job.forget(self.conn)
+            for r in job.runners:
+                r.in_rounds = False
+        log.info("Spark rounds %s ended after %s rounds", job.token, job.rounds)
+        # a job dropped under its rounds (a write into a view that is gone) fails them: no
+        # failure of this worker's other actors
+        if (
+            account
+            and job.error is not None
+            and not self._forget_if_dropped([r.actor_id for r in job.runners])
+        ):
+            raise job.error
+
+    def _start_rounds(self, large: list[ActorRunner | SourceRunner]) -> None:
+        """Start a Spark job spanning epochs for the first job among ``large`` whose actors
+        can read so (``rounds_eligible``), unless one runs."""
+        if self.rounds is not None or not self.settings.spark_rounds or self.spark is None:
+            return
+        if not self.spark.pushdown:
+            return
+        by_job: dict[int, list[ActorRunner]] = {}
+        for r in large:
+            if isinstance(r, ActorRunner) and rounds_eligible(r):
+                by_job.setdefault(r.job_id, []).append(r)
+        _, cores = self.spark._active_session()
+        rows = round_rows(self.settings.spark_epoch_rows, cores)
+        for runners in by_job.values():
+            job = RoundsJob(self.spark, runners, self.conn, rows, on_done=self._rounds_done)
+            if job.start():
+                self.rounds = job
+                log.info("Spark rounds %s: %s groups", job.token, len(job.batches))
+            return
+
+    def _rounds_done(self) -> None:
+        """The Spark job spanning epochs is over (its thread): a barrier to account its
+        last rounds is wanted now, not at the interval."""
+        self.client.poll(timeout_ms=0, barrier_wanted=True)
 
     @staticmethod
     def _refused_actor(e: ProtocolError, why: str) -> int | None:
@@ -276,7 +370,8 @@ class Worker:
         eligible: list[ActorRunner | SourceRunner] = [
             r
             for r in self.runners.values()
-            if (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
+            if not getattr(r, "in_rounds", False)
+            and (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
             and (
                 r.has_reads()
                 if isinstance(r, SourceRunner)
@@ -316,6 +411,8 @@ class Worker:
         while not self.stop_event.is_set():
             did = False
             large = self._spark_runners()
+            self._start_rounds(large)
+            large = [r for r in large if not getattr(r, "in_rounds", False)]
             if large:
                 assert self.spark is not None
                 with self._unless_dropped(large):
@@ -334,7 +431,8 @@ class Worker:
             # in one round: the poll cost the control plane a request every epoch)
             if not did or not any(r.has_reads() for r in self.runners.values()):
                 self.barrier_wanted = any(
-                    self.runners.get(r.actor_id) is r and not r.has_reads() for r in reading
+                    self.runners.get(r.actor_id) is r and not r.in_rounds and not r.has_reads()
+                    for r in reading
                 )
                 return
             pending = self.client.poll(timeout_ms=0)["assignments"]

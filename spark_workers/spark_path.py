@@ -58,6 +58,8 @@ class SparkPath:
         self.jobs = 0
         self.source_jobs = 0  # of which source backfill reads (Kafka ranges)
         self.pushdown_jobs = 0  # of which table reads run inside Postgres
+        self.rounds_jobs = 0  # jobs spanning epochs (``spark_workers.rounds``), besides
+        self.round_epochs = 0  # epochs in which such jobs' rounds were written, in all
         self._queue_conn: Any = None  # deletes the pushed-down jobs' work queues
 
     def session(self) -> Any:
@@ -307,8 +309,9 @@ class SparkPath:
                 summary[int(v)] = (int(n), json.loads(last))
         return got
 
-    def _queue_statement(self, statement: str, queue: str) -> None:
-        """Create or delete a job's work queue (autocommit, on a connection kept for it)."""
+    def _queue_statement(self, statement: str, *params: Any) -> None:
+        """Create, change or delete a job's work queue (autocommit, on a connection kept
+        for it)."""
         import psycopg2
 
         if self._queue_conn is None or self._queue_conn.closed:
@@ -316,7 +319,7 @@ class SparkPath:
             self._queue_conn.autocommit = True
         try:
             with self._queue_conn.cursor() as cur:
-                cur.execute(statement, [queue])
+                cur.execute(statement, list(params))
         except psycopg2.Error:
             self._queue_conn.close()
             self._queue_conn = None
@@ -343,6 +346,13 @@ class SparkPath:
 
 
 GROUPS_PER_TASK = 8  # on average: a job's tail, one task still at work, is short
+
+
+def round_rows(epoch_rows: int, cores: int) -> int:
+    """The rows of a group of a job spanning epochs: those of a group of a job of one
+    epoch (``epoch_rows`` in ``GROUPS_PER_TASK`` groups per task); a barrier waits for a
+    round under way at most."""
+    return max(1, epoch_rows // (GROUPS_PER_TASK * cores))
 
 
 def groups_per_actor(actors: int, cores: int) -> int:

@@ -299,4 +299,21 @@ class WorkQueue(Base):
     __table_args__ = {"prefixes": ["UNLOGGED"]}
     token: Mapped[str] = mapped_column(Text, primary_key=True)
     taken: Mapped[int] = mapped_column(Integer, server_default="0")
+    # a job spanning epochs: the epoch its driver released (None: a job of one epoch)
+    write_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    read_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[dt.datetime] = _now()
+
+
+class WorkRound(Base):
+    """One group of a Spark job spanning epochs, run at ``write_epoch``: its per-vnode
+    summary, written with its rows, until the driver accounts for it. Unlogged."""
+
+    __tablename__ = "work_rounds"
+    __table_args__ = {"prefixes": ["UNLOGGED"]}
+    token: Mapped[str] = mapped_column(Text, primary_key=True)
+    grp: Mapped[int] = mapped_column(Integer, primary_key=True)
+    read_epoch: Mapped[int] = mapped_column(BigInteger)
+    write_epoch: Mapped[int] = mapped_column(BigInteger)
+    summary: Mapped[str] = mapped_column(Text)  # JSON: [[vnode, rows, last key], ...]
     created_at: Mapped[dt.datetime] = _now()

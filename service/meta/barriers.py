@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from backfill_core.epoch import physical_time
 from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
+from service.db import GRAPH_GATE_LOCK
 from service.meta import metrics, sources
 from service.meta.epochs import next_epoch
 from service.meta.sources import Marks
@@ -29,7 +30,16 @@ MERGE_HOLD_MS = 5_000
 
 
 def lock_graph(session: Session, graph_id: int) -> Graph:
+    gate_graph(session, graph_id)
     return session.execute(select(Graph).where(Graph.id == graph_id).with_for_update()).scalar_one()
+
+
+def gate_graph(session: Session, graph_id: int) -> None:
+    """Take the graph's gate (``GRAPH_GATE_LOCK``) before locking its row for update."""
+    session.execute(
+        text("SELECT pg_advisory_xact_lock(:space, :graph)"),
+        {"space": GRAPH_GATE_LOCK, "graph": graph_id},
+    )
 
 
 def inject(

@@ -61,7 +61,8 @@ def test_arrangement_backfill_is_exact_under_concurrent_writes(
     assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 50_000
     progress = http.get(f"/v1/jobs/{job}/progress").json()
     assert progress["phase"] == "done" and progress["percent"] == 100
-    assert worker.spark is not None and worker.spark.jobs > 0  # large epochs went through Spark
+    # large epochs went through Spark: a job spanning epochs (the view runs inside Postgres)
+    assert worker.spark is not None and worker.spark.rounds_jobs > 0
 
 
 def test_pause_rate_limits_and_rescale_keep_the_view_exact(
@@ -94,6 +95,54 @@ def test_pause_rate_limits_and_rescale_keep_the_view_exact(
     assert_exact(http, job, times=1)
     # rate-limited epochs stay on the driver, which ran the view inside Postgres
     assert worker.driver_pushdowns > 0
+
+
+@pytest.fixture
+def small_rounds_cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
+    # Spark from 1,000 rows on, a job spanning epochs in rounds of 800 // 16 = 50 rows (two
+    # cores): some hundreds of rounds, which the mutations below come in the middle of
+    worker_settings = Settings(spark_min_rows=1_000, spark_epoch_rows=800)
+    with running_cluster(db, fresh_db_url, worker_settings) as c:
+        yield c
+
+
+def test_mutations_end_a_spark_job_spanning_epochs_and_the_view_stays_exact(
+    small_rounds_cluster: tuple[httpx.Client, Worker], db: Database
+) -> None:
+    """A pause, then a rescale, each reach the actors while their Spark job spanning epochs
+    (``spark_workers.rounds``) is under way: the job ends at the barrier that carries the
+    mutation, with what its rounds read accounted, and the view stays exact."""
+    http, worker = small_rounds_cluster
+    load(http, 30_000)
+    with db.engine.begin() as conn:  # the planner's estimate sizes the rounds
+        conn.execute(text("ANALYZE"))
+    with Writer(http, "orders", 30_000, seed=3):
+        job = create_job(http, "mv")
+        first = wait_for(
+            lambda: (j := worker.rounds) is not None and j.rounds > 0 and j,
+            what="a Spark job spanning epochs, some of its rounds accounted",
+        )
+        assert http.post(f"/v1/jobs/{job}/pause").json()["paused"] is True
+        wait_for(lambda: worker.rounds is not first, what="the pause ended it")
+        assert 0 < first.rounds < len(first.batches), "the job was not ended in its middle"
+        pause_in_effect(db)
+        paused_rows = http.get(f"/v1/jobs/{job}/progress").json()["rows"]
+        pause_in_effect(db)
+        assert http.get(f"/v1/jobs/{job}/progress").json()["rows"] == paused_rows  # no reads
+        assert http.post(f"/v1/jobs/{job}/resume").json()["paused"] is False
+        second = wait_for(
+            lambda: (j := worker.rounds) is not None and j is not first and j,
+            what="another Spark job spanning epochs",
+        )
+        assert http.patch(f"/v1/jobs/{job}", json={"parallelism": 3}).status_code == 200
+        wait_for(lambda: worker.rounds is not second, what="the rescale ended it")
+        assert second.rounds < len(second.batches), "the job was not ended in its middle"
+        wait_created(http, job)
+        assert_exact(http, job)
+    assert_exact(http, job, times=1)
+    with db.engine.connect() as conn:  # the jobs' queues and rounds went with them
+        assert conn.exec_driver_sql("SELECT count(*) FROM work_queues").scalar() == 0
+        assert conn.exec_driver_sql("SELECT count(*) FROM work_rounds").scalar() == 0
 
 
 def pause_in_effect(db: Database) -> None:

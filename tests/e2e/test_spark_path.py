@@ -103,7 +103,9 @@ def test_every_type_round_trips_through_spark(
     v = http.get(f"/v1/jobs/{job}/verify").json()
     assert v["equal"], v
     assert v["mv_rows"] > 1_000
+    # a snapshot backfill ("auto"): jobs of one epoch each, never one spanning epochs
     assert worker.spark is not None and worker.spark.jobs >= 2  # several epochs went through Spark
+    assert worker.spark.rounds_jobs == 0
     if pushed_down:
         assert worker.spark.pushdown_jobs == worker.spark.jobs
         with db.engine.connect() as conn:  # each job's work queue went with it

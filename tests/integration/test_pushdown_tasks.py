@@ -1,11 +1,14 @@
 """A pushed-down Spark task keeps its process's connections (and the statements prepared
 on them) for the next task, and replaces one that broke meanwhile or failed a task; the
-tasks of a job take its groups of reads from its work queue, each group once."""
+tasks of a job take its groups of reads from its work queue, each group once; the rounds
+of a job spanning epochs run at the epoch the driver released only, and a barrier waits
+for the rounds under way, never for the next ones."""
 
 from __future__ import annotations
 
 import itertools
 import json
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,11 +18,13 @@ import pytest
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
 from service.catalog.tables import create_table, storage_of
-from service.db import Database
+from service.db import GRAPH_GATE_LOCK, Database
 from service.embedded_pg import to_libpq_url
+from service.meta.barriers import lock_graph
 from spark_workers import pushdown_tasks
 from spark_workers.pushdown_tasks import run_group
 from state_store.versioned import VersionedTable
+from tests.kit.e2e import wait_for
 
 pytestmark = pytest.mark.db
 SCHEMA = TableSchema.build(
@@ -143,3 +148,135 @@ def test_the_tasks_of_a_job_take_each_group_once(setup: tuple[str, dict[str, Any
     gone = json.dumps(plan | {"groups": groups, "queue": "no such queue"})
     assert run_group(gone, 0) == []
     assert _mv_rows(admin, WRITE) == in_vnode_2
+
+
+# a job spanning epochs (spark_workers.rounds) ----------------------------------------
+
+WHOLE = 1 << 40  # a group's limit when it reads its vnodes to their ends
+BOTH_HALVES = [[WHOLE, [[0, None], [1, None]]], [WHOLE, [[2, None], [3, None]]]]
+
+
+def _rounds_job(dsn: str, plan: dict[str, Any], released: int | None) -> str:
+    """A job spanning epochs over ``BOTH_HALVES`` (reading the load), the driver having
+    released epoch ``released`` (None: it is handling a barrier)."""
+    token = _queue(dsn)
+    conn = psycopg2.connect(dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute(
+            "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token = %s",
+            [LOADED, released, token],
+        )
+    conn.close()
+    return json.dumps(plan | {"groups": BOTH_HALVES, "queue": token, "rounds": True})
+
+
+def _in_thread(job: str) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(run_group(job, 0)), daemon=True)
+    t.start()
+    return t, out
+
+
+def _one(admin: Any, query: str, *params: Any) -> Any:
+    with admin.cursor() as cur:
+        cur.execute(query, list(params))
+        return cur.fetchone()[0]
+
+
+def test_rounds_wait_while_the_driver_handles_a_barrier(
+    setup: tuple[str, dict[str, Any], Any],
+) -> None:
+    """The driver closed the epoch it had released (a barrier closing it came): the task
+    takes a group and waits, writing nothing, until the driver releases the next epoch;
+    then every group runs there as a round of its own, its summary left for the driver."""
+    dsn, plan, admin = setup
+    job = _rounds_job(dsn, plan, released=None)
+    token = json.loads(job)["queue"]
+    task, out = _in_thread(job)
+    wait_for(lambda: _one(admin, "SELECT taken FROM work_queues WHERE token = %s", token) == 1)
+    assert task.is_alive()
+    assert _one(admin, "SELECT count(*) FROM work_rounds WHERE token = %s", token) == 0
+    assert _one(admin, 'SELECT count(*) FROM store."mv"') == 0
+    with admin.cursor() as cur:  # the driver handled the barrier and releases its epoch
+        cur.execute("UPDATE work_queues SET write_epoch = %s WHERE token = %s", [WRITE + 1, token])
+    task.join(60)
+    assert not task.is_alive() and out == [[]]
+    with admin.cursor() as cur:
+        cur.execute(
+            "SELECT grp, read_epoch, write_epoch, summary FROM work_rounds WHERE token = %s "
+            "ORDER BY grp",
+            [token],
+        )
+        rounds = cur.fetchall()
+    assert [r[:3] for r in rounds] == [(0, LOADED, WRITE + 1), (1, LOADED, WRITE + 1)]
+    mv = VersionedTable("mv", SCHEMA)
+    for grp, _, _, summary in rounds:
+        for vnode, n, last in json.loads(summary):
+            keys = [i for i in range(20) if mv.vnode_of((i, "")) == vnode]
+            assert vnode in (2 * grp, 2 * grp + 1) and (n, last) == (len(keys), [max(keys)])
+    assert _mv_rows(admin, WRITE + 1) == 20
+
+
+def test_rounds_stop_when_the_driver_ends_the_job(setup: tuple[str, dict[str, Any], Any]) -> None:
+    dsn, plan, admin = setup
+    job = _rounds_job(dsn, plan, released=None)
+    token = json.loads(job)["queue"]
+    task, out = _in_thread(job)
+    wait_for(lambda: _one(admin, "SELECT taken FROM work_queues WHERE token = %s", token) == 1)
+    with admin.cursor() as cur:  # a barrier changed the actors: the driver ends the job
+        cur.execute("DELETE FROM work_queues WHERE token = %s", [token])
+    task.join(60)
+    assert not task.is_alive() and out == [[]]
+    assert _one(admin, 'SELECT count(*) FROM store."mv"') == 0
+    assert _one(admin, "SELECT count(*) FROM work_rounds") == 0
+
+
+def test_rounds_are_fenced_off_after_a_recovery(setup: tuple[str, dict[str, Any], Any]) -> None:
+    dsn, plan, admin = setup
+    job = _rounds_job(dsn, plan | {"recovery_seq": 1}, released=WRITE)
+    with pytest.raises(RuntimeError, match="recovered past this write"):
+        run_group(job, 0)
+    assert _one(admin, 'SELECT count(*) FROM store."mv"') == 0
+
+
+def test_a_barrier_waits_for_the_rounds_under_way_only(
+    setup: tuple[str, dict[str, Any], Any], db: Database
+) -> None:
+    """Rounds share-lock the graph's row one after the other, overlapping: a barrier's
+    update lock would never find the row free. The graph's gate queues the next round
+    behind the waiting barrier, so the barrier goes through once the round under way
+    commits, and the next round comes after it."""
+    dsn, plan, admin = setup
+    graph = plan["graph_id"]
+    gate = "SELECT pg_advisory_xact_lock_shared(%s, %s); SELECT recovery_seq FROM graphs "
+    gate += "WHERE id = %s FOR SHARE"
+    under_way = psycopg2.connect(dsn)
+    with under_way.cursor() as cur:
+        cur.execute(gate, [GRAPH_GATE_LOCK, graph, graph])
+    order: list[str] = []
+
+    def barrier() -> None:
+        with db.transaction() as s:
+            lock_graph(s, graph)
+            order.append("barrier")
+
+    def next_round() -> None:
+        conn = psycopg2.connect(dsn)
+        with conn, conn.cursor() as cur:
+            cur.execute(gate, [GRAPH_GATE_LOCK, graph, graph])
+            order.append("round")
+        conn.close()
+
+    waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    threads = [threading.Thread(target=barrier, daemon=True)]
+    threads[0].start()
+    wait_for(lambda: _one(admin, waiting) == 1, what="the barrier waiting")
+    threads.append(threading.Thread(target=next_round, daemon=True))
+    threads[1].start()
+    wait_for(lambda: _one(admin, waiting) == 2, what="the next round queued behind it")
+    assert order == []
+    under_way.commit()
+    for t in threads:
+        t.join(60)
+    assert order == ["barrier", "round"]
+    under_way.close()

@@ -1,0 +1,234 @@
+"""A pushed-down Spark job that spans epochs (an unthrottled table backfill's snapshot).
+
+A job of one epoch ends before the worker handles the barrier that closes the epoch,
+and a Spark job costs some 0.1 s of both cores besides its statements: the start of
+its tasks, its tail (one task still at work), its end, the gap until the next one.
+Jobs of 400k rows made five such boundaries of a 2M-row creation (0.4-0.5 s of some
+2.9 s, measured), and larger jobs would hold every barrier of the graph for as long.
+
+Here the job's groups (whole vnodes, about ``ROUND_ROWS`` rows each) are planned once,
+for everything the actors have left, and each runs as a *round*: a transaction of its
+own at the epoch the driver released (``pushdown_tasks._run_rounds``). A barrier
+closing that epoch waits for the rounds under way only (the graph's gate); then the
+tasks wait, the driver accounts every round of the epoch with the executors (as the
+reads of that epoch they are), handles the barrier, and releases the next epoch. Any
+barrier that changes the actors (a mutation, a recovery's ``initial``) ends the job
+first. The executors never see a round of another epoch than the one it wrote at.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from backfill_core.executors.messages import SnapshotBatchRead
+from service.db import GRAPH_GATE_LOCK
+
+if TYPE_CHECKING:
+    from spark_workers.actors import ActorRunner
+    from spark_workers.spark_path import SparkPath
+
+log = logging.getLogger(__name__)
+
+WHOLE_VNODES = 1 << 40  # a group's limit: its vnodes are read to their ends
+
+
+def rounds_eligible(runner: ActorRunner) -> bool:
+    """Whether the actor's snapshot reads can run as rounds: a table backfill whose view
+    runs inside Postgres, unthrottled (a throttled one reads its budget per epoch)."""
+    ex = runner.executor
+    return (
+        runner.kind in ("arrangement", "chain")
+        and runner.pushed_where is not None
+        and ex.budget is None
+        and not ex.paused
+    )
+
+
+class RoundsJob:
+    """One such Spark job of one job's actors on this worker, run in a thread.
+
+    Only the worker's main thread calls the methods below; the thread only runs the
+    Spark job (and ``on_done`` when it is over)."""
+
+    def __init__(
+        self,
+        path: SparkPath,
+        runners: list[ActorRunner],
+        conn: Any,
+        round_rows: int,
+        on_done: Callable[[], None],
+    ) -> None:
+        self.path = path
+        self.runners = runners
+        self.token = uuid.uuid4().hex
+        self.batches: list[tuple[ActorRunner, SnapshotBatchRead]] = []
+        for r in runners:
+            groups = max(1, -(-r.remaining_estimate(conn) // round_rows))
+            for b in r.executor.next_batch_reads(groups * WHOLE_VNODES, groups):
+                self.batches.append((r, b))
+        self.error: BaseException | None = None
+        self.rounds = 0  # accounted so far
+        self.epochs: set[int] = set()  # the epochs they were written at
+        self.released: tuple[int, int] | None = None  # (read, write) epochs
+        self._on_done = on_done
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> bool:
+        """Start the Spark job (False: nothing to read)."""
+        if not self.batches:
+            return False
+        from spark_workers.spark_path import _key_to_json
+
+        first = self.runners[0]
+        read_epoch, write_epoch = self._epochs()
+        plan = self.path._plan(first, []) | {
+            "upstream_table": first.upstream.name,
+            "upstream_schema": first.upstream.schema.to_json(),
+            "read_epoch": read_epoch,
+            "groups": [
+                [b.limit, [[v, _key_to_json(r, a)] for v, a in b.starts]] for r, b in self.batches
+            ],
+            "queue": self.token,
+            "rounds": True,
+        }
+        self.path._queue_statement(
+            "INSERT INTO work_queues (token, read_epoch, write_epoch) VALUES (%s, %s, %s)",
+            self.token,
+            read_epoch,
+            write_epoch,
+        )
+        self.released = (read_epoch, write_epoch)
+        for r in self.runners:
+            r.in_rounds = True
+        self.path.rounds_jobs += 1
+        self._thread = threading.Thread(
+            target=self._run, args=(json.dumps(plan),), name="spark-rounds", daemon=True
+        )
+        self._thread.start()
+        return True
+
+    def _epochs(self) -> tuple[int, int]:
+        """(read, write) epochs of the rounds now: the runners' snapshot and open epochs."""
+        epochs = {(r.executor.snapshot_epoch, r.executor.open_epoch) for r in self.runners}
+        if len(epochs) != 1:
+            raise RuntimeError(f"the actors of one Spark job are at epochs {sorted(epochs)}")
+        return epochs.pop()
+
+    def _run(self, plan: str) -> None:
+        from spark_workers.pushdown_tasks import run_group
+
+        try:
+            spark, cores = self.path._active_session()
+            n = min(len(self.batches), cores)
+            tasks = spark.sparkContext.parallelize(range(n), n)
+            tasks.flatMap(functools.partial(run_group, plan)).collect()
+        except BaseException as e:
+            self.error = e
+        finally:
+            try:
+                self._on_done()
+            except Exception as e:
+                log.warning("could not ask for a barrier after the Spark rounds: %s", e)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def account(self, conn: Any) -> int:
+        """Account for the rounds done so far with the executors: all at the runners'
+        open epoch (a barrier closing it waited for them; none runs until released)."""
+        with conn.cursor() as cur:
+            cur.execute(
+                "DELETE FROM work_rounds WHERE token = %s "
+                "RETURNING grp, read_epoch, write_epoch, summary",
+                [self.token],
+            )
+            done = sorted(cur.fetchall())
+        conn.commit()
+        from spark_workers.spark_path import _key_from_json
+
+        total = 0
+        for grp, read_epoch, write_epoch, summary in done:
+            r, b = self.batches[grp]
+            ex = r.executor
+            if (read_epoch, write_epoch) != (ex.snapshot_epoch, ex.open_epoch):
+                raise RuntimeError(
+                    f"round {grp} ran at epochs {(read_epoch, write_epoch)}, "
+                    f"not at the actor's {(ex.snapshot_epoch, ex.open_epoch)}"
+                )
+            got = {int(v): (int(n), _key_from_json(r, last)) for v, n, last in json.loads(summary)}
+            total += ex.on_batch_summary(replace(b, epoch=read_epoch), got)
+            self.rounds += 1
+            if write_epoch not in self.epochs:
+                self.epochs.add(write_epoch)
+                self.path.round_epochs += 1
+        return total
+
+    def _gated(self, statement: str, *params: Any) -> None:
+        """``statement`` on the job's queue once the rounds under way are over: through
+        the graph's gate (``service.db.GRAPH_GATE_LOCK``), which they hold shared and
+        which the next ones wait for meanwhile (one implicit transaction)."""
+        self.path._queue_statement(
+            "SELECT pg_advisory_xact_lock(%s, %s); " + statement,
+            GRAPH_GATE_LOCK,
+            self.runners[0].graph_id,
+            *params,
+        )
+
+    def close(self) -> None:
+        """Before a barrier closing the released epoch is handled: no round runs at it
+        any more, and those that did are over (and can be accounted)."""
+        self._gated("UPDATE work_queues SET write_epoch = NULL WHERE token = %s", self.token)
+        self.released = None
+
+    def release(self) -> None:
+        """Let the tasks go on at the runners' open epoch (once all of them opened it)."""
+        epochs = {(r.executor.snapshot_epoch, r.executor.open_epoch) for r in self.runners}
+        if len(epochs) != 1 or not self.running or self.released in epochs:
+            return
+        read_epoch, write_epoch = epochs.pop()
+        self.path._queue_statement(
+            "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token = %s",
+            read_epoch,
+            write_epoch,
+            self.token,
+        )
+        self.released = (read_epoch, write_epoch)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """End the job: the rounds under way finish, the tasks start no other; wait for
+        them."""
+        try:
+            self._gated(
+                "DELETE FROM work_queues WHERE token = %s "
+                "OR created_at < now() - interval '1 hour'",
+                self.token,
+            )
+        except Exception as e:  # the tasks then run to the end of their groups
+            log.warning("could not end the Spark rounds %s: %s", self.token, e)
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("the Spark rounds %s did not stop within %s s", self.token, timeout_s)
+
+    def forget(self, conn: Any) -> None:
+        """Drop what is left of the job's rounds (its actors are gone or restart)."""
+        for r in self.runners:
+            r.in_rounds = False
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "DELETE FROM work_rounds WHERE token = %s "
+                    "OR created_at < now() - interval '1 hour'",
+                    [self.token],
+                )
+            conn.commit()
+        except Exception as e:  # rows of a gone job cost nothing; a later job sweeps them
+            log.warning("could not delete the rounds of %s: %s", self.token, e)
