@@ -168,7 +168,8 @@ def _create_mvs(
             }
             checkpoint(db)  # the previous run's writes (and its drop) are flushed first
             out.append(time_until_indexed(http, db, job, n))
-            assert worker.spark is not None and worker.spark.jobs > 0, "Spark was not used"
+            spark = worker.spark
+            assert spark is not None and spark.jobs + spark.rounds_jobs > 0, "Spark was not used"
             # gone before the next run, and before the next control plane, which would
             # otherwise start by recovering this job's actors onto its own worker
             for job_view in http.get("/v1/jobs").json()["jobs"]:

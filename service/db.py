@@ -27,12 +27,12 @@ NO_JIT = "-c jit=off"
 # the view back to the committed epoch).
 WORKER_DATA_OPTIONS = NO_JIT + " -c synchronous_commit=off"
 READER_POOL_SIZE = 8
-# The advisory lock ("grap", graph id) in front of a graph's row: whoever locks the row
-# for update (``barriers.lock_graph``: injections, collects, recovery) takes it first,
-# exclusively, and a Spark round fenced on the row takes it shared before its share
-# lock. The lock manager queues a shared request behind a waiting exclusive one, where
-# row locks do not: a job's tasks, whose rounds overlap, would share-lock the row without
-# a break and the barrier that is to stop them would never get it.
+# The advisory lock ("grap", graph id) the rounds of a Spark job spanning epochs fence
+# themselves with (``spark_workers.rounds``): each round holds it shared instead of
+# locking the graph's row, so that barriers and collects never wait for rounds; a
+# recovery takes it exclusively before it rolls back. The lock manager queues a shared
+# request behind a waiting exclusive one (row locks do not): a job's overlapping rounds
+# never keep a recovery out for longer than the rounds under way.
 GRAPH_GATE_LOCK = 0x6772_6170
 # deadlock_detected and serialization_failure: Postgres rolled the victim back whole
 RETRYABLE_PGCODES = frozenset({"40P01", "40001"})

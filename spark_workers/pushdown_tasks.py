@@ -196,20 +196,36 @@ def _key_values(plan: Plan, key: Any) -> list[Any]:
     return [value_to_json(t, x) for t, x in zip(types, key, strict=True)]
 
 
-# A round's fence, in one statement after the gate: the graph's incarnation (share-locked,
-# so no recovery rolls back the round's rows under it) and the epochs the driver released
-# (none: it is handling a barrier; no row: the job is over).
+# A round's fence, in one statement after the gate (which a recovery takes exclusively:
+# none rolls back the round's rows under it): the graph's incarnation, and the epochs the
+# driver released (none: it is handling a barrier; no row: the job is over). No lock of
+# the graph's row: barriers and collects do not wait for rounds.
 _ROUND_FENCE = """
 SELECT g.recovery_seq, q.token, q.read_epoch, q.write_epoch
 FROM graphs g LEFT JOIN work_queues q ON q.token = %s
-WHERE g.id = %s FOR SHARE OF g
+WHERE g.id = %s
 """
+# Then the epoch's own lock, shared (``epoch_lock``), and a second look at the queue:
+# the driver moves the queue to the next epoch and then takes this lock exclusively, to
+# wait for the rounds of the epoch it moved from. A round that locked it in time is
+# waited for; one that did not finds the queue moved and tries again at the next epoch.
+_ROUND_EPOCH = (
+    "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0)); "
+    "SELECT read_epoch, write_epoch FROM work_queues WHERE token = %s"
+)
+
+
+def epoch_lock(queue: str, write_epoch: int) -> str:
+    """The text whose hash keys the advisory lock of a job's rounds at ``write_epoch``."""
+    return f"backfill rounds {queue} {write_epoch}"
+
+
 _ROUND_DONE = (
     "INSERT INTO work_rounds (token, grp, read_epoch, write_epoch, summary) "
     "VALUES (%s, %s, %s, %s, %s)"
 )
-# how long a task waits between two looks at a queue whose epoch the driver closed (it
-# is handling a barrier: some tens of ms)
+# how long a task waits between two looks at a queue with no epoch released (the driver
+# is handling barriers some of the job's actors did not have yet: rare, some tens of ms)
 ROUND_WAIT_S = (0.001, 0.005)
 
 
@@ -218,10 +234,9 @@ def _run_rounds(
 ) -> None:
     """Run each group this task takes as one round: a transaction at the epoch the driver
     released, fenced like any write and through the graph's gate, which leaves its
-    summary in ``work_rounds``. While the driver handles a barrier (it closed the epoch,
-    waiting for the rounds under way through the same gate) the task waits: a round is
-    accounted in the epoch it is written at, before the barrier closing that epoch. It
-    stops when the queue is gone."""
+    summary in ``work_rounds``. While the driver has no epoch released the task waits: a
+    round is accounted in the epoch it is written at, before the barrier closing that
+    epoch is handled. It stops when the queue is gone."""
     assert plan.queue is not None
     queue = plan.queue
     for g in _claims(plan.dsn, queue):
@@ -256,6 +271,9 @@ def _round(
         return False  # the driver ended the job
     if write_epoch is None:
         return None
+    cur.execute(_ROUND_EPOCH, [epoch_lock(queue, write_epoch), queue])
+    if cur.fetchone() != (read_epoch, write_epoch):
+        return None  # moved on meanwhile (or gone: the next look says so)
     cur.execute(_STATEMENT_SETTINGS)
     summary = write(cur, g, read_epoch, write_epoch)
     done = [[v, n, _key_values(plan, last)] for v, (n, last) in summary.items()]

@@ -28,7 +28,6 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from backfill_core.executors.messages import SnapshotBatchRead
-from service.db import GRAPH_GATE_LOCK
 
 if TYPE_CHECKING:
     from spark_workers.actors import ActorRunner
@@ -142,13 +141,14 @@ class RoundsJob:
         return self._thread is not None and self._thread.is_alive()
 
     def account(self, conn: Any) -> int:
-        """Account for the rounds done so far with the executors: all at the runners'
-        open epoch (a barrier closing it waited for them; none runs until released)."""
+        """Account for the rounds done at the runners' open epoch or before (before: none
+        may be) with the executors; rounds of the epoch released next stay."""
+        upto = min(r.executor.open_epoch for r in self.runners)
         with conn.cursor() as cur:
             cur.execute(
-                "DELETE FROM work_rounds WHERE token = %s "
+                "DELETE FROM work_rounds WHERE token = %s AND write_epoch <= %s "
                 "RETURNING grp, read_epoch, write_epoch, summary",
-                [self.token],
+                [self.token, upto],
             )
             done = sorted(cur.fetchall())
         conn.commit()
@@ -171,28 +171,55 @@ class RoundsJob:
                 self.path.round_epochs += 1
         return total
 
-    def _gated(self, statement: str, *params: Any) -> None:
-        """``statement`` on the job's queue once the rounds under way are over: through
-        the graph's gate (``service.db.GRAPH_GATE_LOCK``), which they hold shared and
-        which the next ones wait for meanwhile (one implicit transaction)."""
-        self.path._queue_statement(
-            "SELECT pg_advisory_xact_lock(%s, %s); " + statement,
-            GRAPH_GATE_LOCK,
-            self.runners[0].graph_id,
-            *params,
-        )
+    def _moved(self, statement: str, *params: Any) -> None:
+        """``statement`` moves the job's queue away from the released epoch (to another
+        epoch, none, or gone); then wait for the rounds still at that epoch (they hold its
+        lock, ``pushdown_tasks.epoch_lock``, shared): they are over, and can be accounted.
+        Rounds at the next epoch go on meanwhile."""
+        from spark_workers.pushdown_tasks import epoch_lock
 
-    def close(self) -> None:
+        moved_from = self.released
+        self.path._queue_statement(statement, *params)
+        if moved_from is not None:
+            self.path._queue_statement(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                epoch_lock(self.token, moved_from[1]),
+            )
+
+    def close(self, then: tuple[int, int] | None = None) -> None:
         """Before a barrier closing the released epoch is handled: no round runs at it
-        any more, and those that did are over (and can be accounted)."""
-        self._gated("UPDATE work_queues SET write_epoch = NULL WHERE token = %s", self.token)
-        self.released = None
+        any more, and those that did are over (and can be accounted). ``then``: the
+        (read, write) epochs the runners will be at once they handled the barriers that
+        came, released at once: the rounds go on meanwhile (the barriers' changes are at
+        or before each vnode's position, the rounds' reads after it)."""
+        read_epoch, write_epoch = then if then is not None else (None, None)
+        self._moved(
+            "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token = %s",
+            read_epoch,
+            write_epoch,
+            self.token,
+        )
+        self.released = then
+
+    def next_epochs(self, barrier: dict[str, Any]) -> tuple[int, int]:
+        """The (read, write) epochs the runners are at once they handled ``barrier``, as
+        their executors will make them: an arrangement backfill reads at the epoch the
+        barrier closes, the others at their fixed snapshot."""
+        kinds = {r.kind for r in self.runners}
+        read = barrier["prev"] if kinds == {"arrangement"} else self._epochs()[0]
+        return read, barrier["curr"]
 
     def release(self) -> None:
-        """Let the tasks go on at the runners' open epoch (once all of them opened it)."""
+        """Let the tasks go on at the runners' open epoch (once all of them opened it),
+        unless it is released already; an epoch released in advance must be it."""
         epochs = {(r.executor.snapshot_epoch, r.executor.open_epoch) for r in self.runners}
         if len(epochs) != 1 or not self.running or self.released in epochs:
             return
+        if self.released is not None:
+            raise RuntimeError(
+                f"epochs {self.released} were released for rounds, "
+                f"but the actors are at {sorted(epochs)}"
+            )
         read_epoch, write_epoch = epochs.pop()
         self.path._queue_statement(
             "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token = %s",
@@ -206,11 +233,12 @@ class RoundsJob:
         """End the job: the rounds under way finish, the tasks start no other; wait for
         them."""
         try:
-            self._gated(
+            self._moved(
                 "DELETE FROM work_queues WHERE token = %s "
                 "OR created_at < now() - interval '1 hour'",
                 self.token,
             )
+            self.released = None
         except Exception as e:  # the tasks then run to the end of their groups
             log.warning("could not end the Spark rounds %s: %s", self.token, e)
         if self._thread is not None:

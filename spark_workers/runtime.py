@@ -236,7 +236,14 @@ class Worker:
                         with self._unless_dropped([r]):
                             r.read_some(self.conn, CHUNK_ROWS)
         elif barriers:
-            job.close()
+            # every actor of the job has the same last barrier: the epochs they will be at
+            # are released at once; otherwise once they opened them (``RoundsJob.release``)
+            lasts = [a["barriers"][-1] if a["barriers"] else None for a in mine]
+            first = lasts[0]
+            same = first is not None and all(
+                b is not None and b["curr"] == first["curr"] for b in lasts
+            )
+            job.close(job.next_epochs(first) if first is not None and same else None)
             job.account(self.conn)
 
     def _end_rounds(self, *, account: bool) -> None:

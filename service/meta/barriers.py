@@ -30,12 +30,12 @@ MERGE_HOLD_MS = 5_000
 
 
 def lock_graph(session: Session, graph_id: int) -> Graph:
-    gate_graph(session, graph_id)
     return session.execute(select(Graph).where(Graph.id == graph_id).with_for_update()).scalar_one()
 
 
 def gate_graph(session: Session, graph_id: int) -> None:
-    """Take the graph's gate (``GRAPH_GATE_LOCK``) before locking its row for update."""
+    """Take the graph's gate (``GRAPH_GATE_LOCK``) exclusively: the rounds of Spark jobs
+    spanning epochs under way end first, and the next ones wait for this transaction."""
     session.execute(
         text("SELECT pg_advisory_xact_lock(:space, :graph)"),
         {"space": GRAPH_GATE_LOCK, "graph": graph_id},

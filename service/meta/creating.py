@@ -44,7 +44,6 @@ from service.meta import metrics
 from service.meta.barriers import (
     _apply_lifetimes,
     _pop_mutation,
-    gate_graph,
     lock_graph,
     merge_ceiling,
     try_complete,
@@ -113,7 +112,6 @@ def inject(
     s: Session, graph_id: int, *, checkpoint_frequency: int, max_inflight: int
 ) -> list[Barrier]:
     """Inject a creating graph's next barriers: one in phase 1, a batch in phase 2."""
-    gate_graph(s, graph_id)
     graph = s.execute(
         select(Graph).where(Graph.id == graph_id).with_for_update()
     ).scalar_one_or_none()

@@ -22,7 +22,7 @@ from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, Job, R
 from service.catalog.tables import storage_of
 from service.db import raw_cursor
 from service.meta import creating, metrics, sources
-from service.meta.barriers import lock_graph
+from service.meta.barriers import gate_graph, lock_graph
 from service.meta.epochs import next_epoch
 from service.meta.scheduler import reassign
 
@@ -88,6 +88,10 @@ def graphs_with_orphans_any_state(session: Session) -> list[int]:
 
 def recover(session: Session, graph_id: int, now_ms: int) -> bool:
     """Run recovery of one graph; False while no live worker can take its actors."""
+    # the rounds of Spark jobs spanning epochs hold no lock of the graph's row (barriers
+    # need not wait for them), but its gate: those under way end before the rollback, and
+    # later ones see the new incarnation
+    gate_graph(session, graph_id)
     graph = lock_graph(session, graph_id)
     committed = graph.committed_epoch
     reason = graph.recovery_reason or "recovery"

@@ -1,8 +1,8 @@
 """A pushed-down Spark task keeps its process's connections (and the statements prepared
 on them) for the next task, and replaces one that broke meanwhile or failed a task; the
 tasks of a job take its groups of reads from its work queue, each group once; the rounds
-of a job spanning epochs run at the epoch the driver released only, and a barrier waits
-for the rounds under way, never for the next ones."""
+of a job spanning epochs run at the epoch the driver released only, a barrier never waits
+for them, and a recovery waits for the rounds under way, never for the next ones."""
 
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from typing import Any
 
 import psycopg2
 import pytest
+from sqlalchemy import text
 
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
 from service.catalog.tables import create_table, storage_of
 from service.db import GRAPH_GATE_LOCK, Database
 from service.embedded_pg import to_libpq_url
-from service.meta.barriers import lock_graph
+from service.meta.barriers import gate_graph, lock_graph
 from spark_workers import pushdown_tasks
 from spark_workers.pushdown_tasks import run_group
 from state_store.versioned import VersionedTable
@@ -239,38 +240,41 @@ def test_rounds_are_fenced_off_after_a_recovery(setup: tuple[str, dict[str, Any]
     assert _one(admin, 'SELECT count(*) FROM store."mv"') == 0
 
 
-def test_a_barrier_waits_for_the_rounds_under_way_only(
+def test_barriers_never_wait_for_rounds_and_a_recovery_for_those_under_way_only(
     setup: tuple[str, dict[str, Any], Any], db: Database
 ) -> None:
-    """Rounds share-lock the graph's row one after the other, overlapping: a barrier's
-    update lock would never find the row free. The graph's gate queues the next round
-    behind the waiting barrier, so the barrier goes through once the round under way
-    commits, and the next round comes after it."""
+    """Rounds fence themselves with the graph's gate, held shared, and lock nothing of its
+    row: a barrier's lock of the row does not wait for them. A recovery takes the gate
+    exclusively: it waits for the round under way, and the next round (the tasks' rounds
+    overlap: shared requests would otherwise never leave it free) waits behind it."""
     dsn, plan, admin = setup
     graph = plan["graph_id"]
-    gate = "SELECT pg_advisory_xact_lock_shared(%s, %s); SELECT recovery_seq FROM graphs "
-    gate += "WHERE id = %s FOR SHARE"
+    fence = "SELECT pg_advisory_xact_lock_shared(%s, %s); SELECT recovery_seq FROM graphs "
+    fence += "WHERE id = %s"
     under_way = psycopg2.connect(dsn)
     with under_way.cursor() as cur:
-        cur.execute(gate, [GRAPH_GATE_LOCK, graph, graph])
+        cur.execute(fence, [GRAPH_GATE_LOCK, graph, graph])
+    with db.transaction() as s:  # a barrier's injection or collect
+        s.execute(text("SET LOCAL lock_timeout = '20s'"))
+        lock_graph(s, graph)
     order: list[str] = []
 
-    def barrier() -> None:
+    def recovery() -> None:
         with db.transaction() as s:
-            lock_graph(s, graph)
-            order.append("barrier")
+            gate_graph(s, graph)
+            order.append("recovery")
 
     def next_round() -> None:
         conn = psycopg2.connect(dsn)
         with conn, conn.cursor() as cur:
-            cur.execute(gate, [GRAPH_GATE_LOCK, graph, graph])
+            cur.execute(fence, [GRAPH_GATE_LOCK, graph, graph])
             order.append("round")
         conn.close()
 
     waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-    threads = [threading.Thread(target=barrier, daemon=True)]
+    threads = [threading.Thread(target=recovery, daemon=True)]
     threads[0].start()
-    wait_for(lambda: _one(admin, waiting) == 1, what="the barrier waiting")
+    wait_for(lambda: _one(admin, waiting) == 1, what="the recovery waiting")
     threads.append(threading.Thread(target=next_round, daemon=True))
     threads[1].start()
     wait_for(lambda: _one(admin, waiting) == 2, what="the next round queued behind it")
@@ -278,5 +282,51 @@ def test_a_barrier_waits_for_the_rounds_under_way_only(
     under_way.commit()
     for t in threads:
         t.join(60)
-    assert order == ["barrier", "round"]
+    assert order == ["recovery", "round"]
+    under_way.close()
+
+
+def test_moving_a_job_on_waits_for_the_rounds_of_the_epoch_it_leaves_only(
+    setup: tuple[str, dict[str, Any], Any],
+) -> None:
+    """The driver moves the queue to the next epoch, then waits for the rounds still at
+    the epoch it left (they hold its lock shared): a round there is over before the driver
+    accounts, while the tasks' rounds at the next epoch go on meanwhile."""
+    dsn, plan, admin = setup
+    job = _rounds_job(dsn, plan, released=WRITE)
+    token = json.loads(job)["queue"]
+    under_way = psycopg2.connect(dsn)  # a round at WRITE, still writing
+    with under_way.cursor() as cur:
+        cur.execute(
+            "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))",
+            [pushdown_tasks.epoch_lock(token, WRITE)],
+        )
+    moved: list[str] = []
+
+    def move_on() -> None:  # RoundsJob.close with the next epochs
+        conn = psycopg2.connect(dsn)
+        conn.autocommit = True
+        with conn.cursor() as cur:
+            cur.execute(
+                "UPDATE work_queues SET write_epoch = %s WHERE token = %s", [WRITE + 1, token]
+            )
+            cur.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                [pushdown_tasks.epoch_lock(token, WRITE)],
+            )
+        moved.append("moved")
+        conn.close()
+
+    driver = threading.Thread(target=move_on, daemon=True)
+    driver.start()
+    waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+    wait_for(lambda: _one(admin, waiting) == 1, what="the driver waiting for the round")
+    assert run_group(job, 0) == []  # the tasks' rounds at the next epoch do not wait
+    assert _one(admin, "SELECT min(write_epoch) FROM work_rounds WHERE token = %s", token) == (
+        WRITE + 1
+    )
+    assert _mv_rows(admin, WRITE + 1) == 20 and moved == []
+    under_way.commit()
+    driver.join(60)
+    assert moved == ["moved"]
     under_way.close()
