@@ -419,7 +419,10 @@ class Worker:
             did = False
             large = self._spark_runners()
             self._start_rounds(large)
-            large = [r for r in large if not getattr(r, "in_rounds", False)]
+            if self.rounds is not None:
+                # its tasks hold Spark's cores until it is over: a job of one epoch for
+                # other actors would wait for them, and every barrier with it
+                large = []
             if large:
                 assert self.spark is not None
                 with self._unless_dropped(large):
