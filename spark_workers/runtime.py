@@ -62,9 +62,9 @@ class Worker:
     def _register(self) -> None:
         reg = self.client.register(self.name, self.capacity)
         self.lease_ms = int(reg["lease_ms"])
+        self._end_rounds(account=False)
         if self.conn is not None:
             self.conn.close()
-        self._end_rounds(account=False)
         self.conn = psycopg2.connect(reg["database_url"], options=WORKER_DATA_OPTIONS)
         self.runners.clear()
         if self.settings.spark_mode != "never":
@@ -269,6 +269,9 @@ class Worker:
             and job.error is not None
             and not self._forget_if_dropped([r.actor_id for r in job.runners])
         ):
+            if "recovered past this write" in str(job.error):  # a round's fence
+                graph_id = job.runners[0].graph_id
+                raise Fenced(graph_id, f"Spark rounds of graph {graph_id} were fenced off")
             raise job.error
 
     def _start_rounds(self, large: list[ActorRunner | SourceRunner]) -> None:
