@@ -83,21 +83,21 @@ class RoundsJob:
         """Start the Spark job (False: nothing to read)."""
         if not self.batches:
             return False
-        from spark_workers.spark_path import _key_to_json
+        from spark_workers.spark_path import key_to_json
 
         first = self.runners[0]
         read_epoch, write_epoch = self._epochs()
-        plan = self.path._plan(first, []) | {
+        plan = self.path.plan_of(first, []) | {
             "upstream_table": first.upstream.name,
             "upstream_schema": first.upstream.schema.to_json(),
             "read_epoch": read_epoch,
             "groups": [
-                [b.limit, [[v, _key_to_json(r, a)] for v, a in b.starts]] for r, b in self.batches
+                [b.limit, [[v, key_to_json(r, a)] for v, a in b.starts]] for r, b in self.batches
             ],
             "queue": self.token,
             "rounds": True,
         }
-        self.path._queue_statement(
+        self.path.queue_statement(
             "INSERT INTO work_queues (token, read_epoch, write_epoch) VALUES (%s, %s, %s)",
             self.token,
             read_epoch,
@@ -124,7 +124,7 @@ class RoundsJob:
         from spark_workers.pushdown_tasks import run_group
 
         try:
-            spark, cores = self.path._active_session()
+            spark, cores = self.path.active_session()
             n = min(len(self.batches), cores)
             tasks = spark.sparkContext.parallelize(range(n), n)
             tasks.flatMap(functools.partial(run_group, plan)).collect()
@@ -152,7 +152,7 @@ class RoundsJob:
             )
             done = sorted(cur.fetchall())
         conn.commit()
-        from spark_workers.spark_path import _key_from_json
+        from spark_workers.spark_path import key_from_json
 
         total = 0
         for grp, read_epoch, write_epoch, summary in done:
@@ -163,7 +163,7 @@ class RoundsJob:
                     f"round {grp} ran at epochs {(read_epoch, write_epoch)}, "
                     f"not at the actor's {(ex.snapshot_epoch, ex.open_epoch)}"
                 )
-            got = {int(v): (int(n), _key_from_json(r, last)) for v, n, last in json.loads(summary)}
+            got = {int(v): (int(n), key_from_json(r, last)) for v, n, last in json.loads(summary)}
             total += ex.on_batch_summary(replace(b, epoch=read_epoch), got)
             self.rounds += 1
             if write_epoch not in self.epochs:
@@ -179,9 +179,9 @@ class RoundsJob:
         from spark_workers.pushdown_tasks import epoch_lock
 
         moved_from = self.released
-        self.path._queue_statement(statement, *params)
+        self.path.queue_statement(statement, *params)
         if moved_from is not None:
-            self.path._queue_statement(
+            self.path.queue_statement(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
                 epoch_lock(self.token, moved_from[1]),
             )
@@ -221,7 +221,7 @@ class RoundsJob:
                 f"but the actors are at {sorted(epochs)}"
             )
         read_epoch, write_epoch = epochs.pop()
-        self.path._queue_statement(
+        self.path.queue_statement(
             "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token = %s",
             read_epoch,
             write_epoch,

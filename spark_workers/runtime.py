@@ -182,7 +182,12 @@ class Worker:
         assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
             "assignments"
         ]
+        before = set(self.runners)
         self._rounds_at(assignments)
+        # actors forgotten there (dropped with their job under their rounds) are gone for
+        # good, though this poll, older than the drop, still lists them
+        gone = before - set(self.runners)
+        assignments = [a for a in assignments if a["actor_id"] not in gone]
         collects = self._barriers(assignments)
         if self.rounds is not None:
             self.rounds.release()  # its rounds go on while the barriers are collected
@@ -285,7 +290,7 @@ class Worker:
         for r in large:
             if isinstance(r, ActorRunner) and rounds_eligible(r):
                 by_job.setdefault(r.job_id, []).append(r)
-        _, cores = self.spark._active_session()
+        _, cores = self.spark.active_session()
         rows = round_rows(self.settings.spark_epoch_rows, cores)
         for runners in by_job.values():
             job = RoundsJob(self.spark, runners, self.conn, rows, on_done=self._rounds_done)

@@ -149,13 +149,13 @@ class SparkPath:
         if not reads:
             return 0
         first = runners[0]
-        spark, n_parts = self._active_session(len(reads))
+        spark, n_parts = self.active_session(len(reads))
         parts: list[list[Any]] = [[] for _ in range(n_parts)]
         for i, (_, read, high) in enumerate(reads):
             parts[i * n_parts // len(reads)].append(
                 [i, int(read.split), read.start, high, read.limit, read.target]
             )
-        plan = self._plan(first, parts) | {
+        plan = self.plan_of(first, parts) | {
             "kafka": first.spec.to_json(),
             "upstream_schema": first.schema.to_json(),
         }
@@ -181,7 +181,7 @@ class SparkPath:
             total += s["rows_read"]
         return total
 
-    def _plan(self, first: ActorRunner | SourceRunner, parts: list[list[Any]]) -> dict[str, Any]:
+    def plan_of(self, first: ActorRunner | SourceRunner, parts: list[list[Any]]) -> dict[str, Any]:
         """What every Spark job's plan holds: where and how to write the view (the rows'
         job is ``first``'s; one Spark job serves one job's actors at one open epoch)."""
         return {
@@ -196,7 +196,7 @@ class SparkPath:
             "partitions": parts,
         }
 
-    def _active_session(self, reads: int | None = None) -> tuple[Any, int]:
+    def active_session(self, reads: int | None = None) -> tuple[Any, int]:
         """The session, active in this thread, and how many Spark partitions ``reads`` get
         (None: how many tasks run at once)."""
         spark = self.session()
@@ -216,14 +216,14 @@ class SparkPath:
         ]
         if not reads:
             return 0
-        spark, n_parts = self._active_session(len(reads))
+        spark, n_parts = self.active_session(len(reads))
         # contiguous groups of vnodes, as even as the rows allow
         parts: list[list[Any]] = [[] for _ in range(n_parts)]
         for i, (r, read) in enumerate(reads):
             parts[i * n_parts // len(reads)].append(
-                [read.vnode, _key_to_json(r, read.after), read.limit]
+                [read.vnode, key_to_json(r, read.after), read.limit]
             )
-        plan = self._plan(first, parts) | {
+        plan = self.plan_of(first, parts) | {
             "upstream_table": first.upstream.name,
             "upstream_schema": first.upstream.schema.to_json(),
             "read_epoch": first.executor.snapshot_epoch,
@@ -233,7 +233,7 @@ class SparkPath:
         total = 0
         for r, read in reads:
             count, last = got.get(read.vnode, (0, None))
-            r.executor.on_read_summary(read, int(count), _key_from_json(r, last))
+            r.executor.on_read_summary(read, int(count), key_from_json(r, last))
             total += int(count)
         return total
 
@@ -254,7 +254,7 @@ class SparkPath:
         (``groups_per_actor``), taken in turn: a task that is done early takes another
         group, where groups dealt out in advance left its core idle.
         """
-        spark, cores = self._active_session()
+        spark, cores = self.active_session()
         per_actor = groups_per_actor(len(runners), cores)
         batches: list[tuple[ActorRunner, SnapshotBatchRead]] = [
             (r, b) for r in runners for b in r.executor.next_batch_reads(share, per_actor)
@@ -263,21 +263,21 @@ class SparkPath:
             return 0
         first = runners[0]
         queue = uuid.uuid4().hex
-        plan = self._plan(first, []) | {
+        plan = self.plan_of(first, []) | {
             "upstream_table": first.upstream.name,
             "upstream_schema": first.upstream.schema.to_json(),
             "read_epoch": first.executor.snapshot_epoch,
             "groups": [
-                [b.limit, [[v, _key_to_json(r, a)] for v, a in b.starts]] for r, b in batches
+                [b.limit, [[v, key_to_json(r, a)] for v, a in b.starts]] for r, b in batches
             ],
             "queue": queue,
         }
-        self._queue_statement("INSERT INTO work_queues (token) VALUES (%s)", queue)
+        self.queue_statement("INSERT INTO work_queues (token) VALUES (%s)", queue)
         try:
             got = self._pushed_down(spark, json.dumps(plan), min(len(batches), cores))
         finally:
             try:  # with any a driver that died mid-job left
-                self._queue_statement(
+                self.queue_statement(
                     "DELETE FROM work_queues WHERE token = %s "
                     "OR created_at < now() - interval '1 hour'",
                     queue,
@@ -290,7 +290,7 @@ class SparkPath:
             raise RuntimeError(f"the Spark job ran groups {sorted(got)} of {len(batches)}")
         total = 0
         for i, (r, b) in enumerate(batches):
-            summary = {v: (n, _key_from_json(r, last)) for v, (n, last) in got[i].items()}
+            summary = {v: (n, key_from_json(r, last)) for v, (n, last) in got[i].items()}
             total += r.executor.on_batch_summary(b, summary)
         return total
 
@@ -309,7 +309,7 @@ class SparkPath:
                 summary[int(v)] = (int(n), json.loads(last))
         return got
 
-    def _queue_statement(self, statement: str, *params: Any) -> None:
+    def queue_statement(self, statement: str, *params: Any) -> None:
         """Create, change or delete a job's work queue (autocommit, on a connection kept
         for it)."""
         import psycopg2
@@ -364,14 +364,14 @@ def groups_per_actor(actors: int, cores: int) -> int:
     return max(1, -(-GROUPS_PER_TASK * cores // actors))
 
 
-def _key_to_json(r: ActorRunner, key: tuple[Any, ...] | None) -> list[Any] | None:
+def key_to_json(r: ActorRunner, key: tuple[Any, ...] | None) -> list[Any] | None:
     """An actor's key (a read's position) as a plan carries it."""
     if key is None:
         return None
     return [value_to_json(t, x) for t, x in zip(r.pk_types, key, strict=True)]
 
 
-def _key_from_json(r: ActorRunner, value: list[Any] | None) -> tuple[Any, ...] | None:
+def key_from_json(r: ActorRunner, value: list[Any] | None) -> tuple[Any, ...] | None:
     """An actor's key from a summary's JSON."""
     if value is None:
         return None

@@ -6,12 +6,13 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
 from sqlalchemy import text
 
-from service.db import Database
+from service.db import GRAPH_GATE_LOCK, Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
 from tests.kit.auth import http_client
@@ -99,9 +100,10 @@ def test_pause_rate_limits_and_rescale_keep_the_view_exact(
 
 @pytest.fixture
 def small_rounds_cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
-    # Spark from 1,000 rows on, a job spanning epochs in rounds of 800 // 16 = 50 rows (two
-    # cores): some hundreds of rounds, which the mutations below come in the middle of
-    worker_settings = Settings(spark_min_rows=1_000, spark_epoch_rows=800)
+    # Spark from 1,000 rows on, a job spanning epochs in rounds of 1,600 // 16 = 100 rows
+    # (two cores): 800 rounds for 80k rows, several seconds' worth, which the mutations
+    # below come in the middle of (a barrier brings them within some 100 ms)
+    worker_settings = Settings(spark_min_rows=1_000, spark_epoch_rows=1_600)
     with running_cluster(db, fresh_db_url, worker_settings) as c:
         yield c
 
@@ -111,21 +113,24 @@ def test_mutations_end_a_spark_job_spanning_epochs_and_the_view_stays_exact(
 ) -> None:
     """A pause, then a rescale, each reach the actors while their Spark job spanning epochs
     (``spark_workers.rounds``) is under way: the job ends at the barrier that carries the
-    mutation, with what its rounds read accounted, and the view stays exact."""
+    mutation, with what its rounds read accounted, and the view stays exact. The test
+    holds the graph's gate meanwhile, as a recovery would: no round starts, so the job
+    cannot run to its end before the mutation comes (barriers do not take the gate)."""
     http, worker = small_rounds_cluster
-    load(http, 30_000)
+    load(http, 80_000)
     with db.engine.begin() as conn:  # the planner's estimate sizes the rounds
         conn.execute(text("ANALYZE"))
-    with Writer(http, "orders", 30_000, seed=3):
+    with Writer(http, "orders", 80_000, seed=3):
         job = create_job(http, "mv")
         first = wait_for(
             lambda: (j := worker.rounds) is not None and j.rounds > 0 and j,
             what="a Spark job spanning epochs, some of its rounds accounted",
         )
-        assert http.post(f"/v1/jobs/{job}/pause").json()["paused"] is True
-        wait_for(lambda: worker.rounds is not first, what="the pause ended it")
+        with _gate_held(db):
+            assert http.post(f"/v1/jobs/{job}/pause").json()["paused"] is True
+            wait_for(lambda: worker.rounds is not first, what="the pause ended it")
+        pause_in_effect(db)  # (and the job's last rounds are accounted)
         assert 0 < first.rounds < len(first.batches), "the job was not ended in its middle"
-        pause_in_effect(db)
         paused_rows = http.get(f"/v1/jobs/{job}/progress").json()["rows"]
         pause_in_effect(db)
         assert http.get(f"/v1/jobs/{job}/progress").json()["rows"] == paused_rows  # no reads
@@ -134,15 +139,25 @@ def test_mutations_end_a_spark_job_spanning_epochs_and_the_view_stays_exact(
             lambda: (j := worker.rounds) is not None and j is not first and j,
             what="another Spark job spanning epochs",
         )
-        assert http.patch(f"/v1/jobs/{job}", json={"parallelism": 3}).status_code == 200
-        wait_for(lambda: worker.rounds is not second, what="the rescale ended it")
-        assert second.rounds < len(second.batches), "the job was not ended in its middle"
+        with _gate_held(db):
+            assert http.patch(f"/v1/jobs/{job}", json={"parallelism": 3}).status_code == 200
+            wait_for(lambda: worker.rounds is not second, what="the rescale ended it")
         wait_created(http, job)
+        assert second.rounds < len(second.batches), "the job was not ended in its middle"
         assert_exact(http, job)
     assert_exact(http, job, times=1)
     with db.engine.connect() as conn:  # the jobs' queues and rounds went with them
         assert conn.exec_driver_sql("SELECT count(*) FROM work_queues").scalar() == 0
         assert conn.exec_driver_sql("SELECT count(*) FROM work_rounds").scalar() == 0
+
+
+@contextmanager
+def _gate_held(db: Database) -> Iterator[None]:
+    """The main graph's gate (``service.db.GRAPH_GATE_LOCK``), held exclusively."""
+    with db.engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:space, 1)"), {"space": GRAPH_GATE_LOCK})
+        yield
+        conn.rollback()
 
 
 def pause_in_effect(db: Database) -> None:
