@@ -367,4 +367,12 @@ def _fence(cur: Any, graph_id: int, recovery_seq: int) -> None:
     cur.execute("SELECT recovery_seq FROM graphs WHERE id = %s FOR SHARE", [graph_id])
     row = cur.fetchone()
     if row is None or row[0] != recovery_seq:
-        raise RuntimeError(f"graph {graph_id} recovered past this write; the task stops")
+        raise fenced_off(graph_id)
+
+
+FENCED_OFF = "recovered past this write"  # what a task's fence failure says (runtime)
+
+
+def fenced_off(graph_id: int) -> RuntimeError:
+    """The error of a Spark task whose fence found the graph recovered."""
+    return RuntimeError(f"graph {graph_id} {FENCED_OFF}; the task stops")

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from backfill_core.schema import value_to_json
 from service.db import GRAPH_GATE_LOCK, WORKER_DATA_OPTIONS
-from spark_workers.datasource import Plan, _fence
+from spark_workers.datasource import Plan, _fence, fenced_off
 
 T = TypeVar("T")
 NO_ROWS = -1  # the vnode of a group's one entry when it read no rows (it still ran)
@@ -265,7 +265,7 @@ def _round(
     cur.execute(_ROUND_FENCE, [queue, plan.graph_id])
     row = cur.fetchone()
     if row is None or row[0] != plan.recovery_seq:
-        raise RuntimeError(f"graph {plan.graph_id} recovered past this write; the task stops")
+        raise fenced_off(plan.graph_id)
     _, found, read_epoch, write_epoch = row
     if found is None:
         return False  # the driver ended the job

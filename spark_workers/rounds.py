@@ -6,14 +6,15 @@ its tasks, its tail (one task still at work), its end, the gap until the next on
 Jobs of 400k rows made five such boundaries of a 2M-row creation (0.4-0.5 s of some
 2.9 s, measured), and larger jobs would hold every barrier of the graph for as long.
 
-Here the job's groups (whole vnodes, about ``ROUND_ROWS`` rows each) are planned once,
-for everything the actors have left, and each runs as a *round*: a transaction of its
-own at the epoch the driver released (``pushdown_tasks._run_rounds``). A barrier
-closing that epoch waits for the rounds under way only (the graph's gate); then the
-tasks wait, the driver accounts every round of the epoch with the executors (as the
-reads of that epoch they are), handles the barrier, and releases the next epoch. Any
-barrier that changes the actors (a mutation, a recovery's ``initial``) ends the job
-first. The executors never see a round of another epoch than the one it wrote at.
+Here the job's groups (whole vnodes, ``spark_path.round_rows`` rows each about) are
+planned once, for everything the actors have left, and each runs as a *round*: a
+transaction of its own at the epoch the driver released (``pushdown_tasks._run_rounds``).
+Barriers never wait for rounds. When one closing the released epoch comes, the driver
+moves the job on to the next epoch, waits for the rounds still at the one it left (that
+epoch's own lock), accounts for them with the executors (as the reads of that epoch they
+are) and handles the barrier, while the tasks go on. Any barrier that changes the actors
+(a mutation, a recovery's ``initial``) ends the job first. The executors never see a
+round of another epoch than the one it wrote at.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WHOLE_VNODES = 1 << 40  # a group's limit: its vnodes are read to their ends
+# the epochs the job's rounds run at (none: the driver is handling barriers)
+_RELEASE = "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token = %s"
 
 
 def rounds_eligible(runner: ActorRunner) -> bool:
@@ -83,20 +86,8 @@ class RoundsJob:
         """Start the Spark job (False: nothing to read)."""
         if not self.batches:
             return False
-        from spark_workers.spark_path import key_to_json
-
-        first = self.runners[0]
         read_epoch, write_epoch = self._epochs()
-        plan = self.path.plan_of(first, []) | {
-            "upstream_table": first.upstream.name,
-            "upstream_schema": first.upstream.schema.to_json(),
-            "read_epoch": read_epoch,
-            "groups": [
-                [b.limit, [[v, key_to_json(r, a)] for v, a in b.starts]] for r, b in self.batches
-            ],
-            "queue": self.token,
-            "rounds": True,
-        }
+        plan = self.path.pushdown_plan(self.batches, self.token, read_epoch) | {"rounds": True}
         self.path.queue_statement(
             "INSERT INTO work_queues (token, read_epoch, write_epoch) VALUES (%s, %s, %s)",
             self.token,
@@ -193,12 +184,7 @@ class RoundsJob:
         came, released at once: the rounds go on meanwhile (the barriers' changes are at
         or before each vnode's position, the rounds' reads after it)."""
         read_epoch, write_epoch = then if then is not None else (None, None)
-        self._moved(
-            "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token = %s",
-            read_epoch,
-            write_epoch,
-            self.token,
-        )
+        self._moved(_RELEASE, read_epoch, write_epoch, self.token)
         self.released = then
 
     def next_epochs(self, barrier: dict[str, Any]) -> tuple[int, int]:
@@ -221,23 +207,16 @@ class RoundsJob:
                 f"but the actors are at {sorted(epochs)}"
             )
         read_epoch, write_epoch = epochs.pop()
-        self.path.queue_statement(
-            "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token = %s",
-            read_epoch,
-            write_epoch,
-            self.token,
-        )
+        self.path.queue_statement(_RELEASE, read_epoch, write_epoch, self.token)
         self.released = (read_epoch, write_epoch)
 
     def stop(self, timeout_s: float = 60.0) -> None:
         """End the job: the rounds under way finish, the tasks start no other; wait for
         them."""
+        from spark_workers.spark_path import DELETE_QUEUE
+
         try:
-            self._moved(
-                "DELETE FROM work_queues WHERE token = %s "
-                "OR created_at < now() - interval '1 hour'",
-                self.token,
-            )
+            self._moved(DELETE_QUEUE, self.token)
             self.released = None
         except Exception as e:  # the tasks then run to the end of their groups
             log.warning("could not end the Spark rounds %s: %s", self.token, e)
@@ -248,8 +227,6 @@ class RoundsJob:
 
     def forget(self, conn: Any) -> None:
         """Drop what is left of the job's rounds (its actors are gone or restart)."""
-        for r in self.runners:
-            r.in_rounds = False
         try:
             with conn.cursor() as cur:
                 cur.execute(

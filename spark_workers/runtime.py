@@ -274,7 +274,9 @@ class Worker:
             and job.error is not None
             and not self._forget_if_dropped([r.actor_id for r in job.runners])
         ):
-            if "recovered past this write" in str(job.error):  # a round's fence
+            from spark_workers.datasource import FENCED_OFF
+
+            if FENCED_OFF in str(job.error):  # a round's fence
                 graph_id = job.runners[0].graph_id
                 raise Fenced(graph_id, f"Spark rounds of graph {graph_id} were fenced off")
             raise job.error
@@ -290,9 +292,9 @@ class Worker:
         for r in large:
             if isinstance(r, ActorRunner) and rounds_eligible(r):
                 by_job.setdefault(r.job_id, []).append(r)
-        _, cores = self.spark.active_session()
-        rows = round_rows(self.settings.spark_epoch_rows, cores)
         for runners in by_job.values():
+            _, cores = self.spark.active_session()
+            rows = round_rows(self.settings.spark_epoch_rows, cores)
             job = RoundsJob(self.spark, runners, self.conn, rows, on_done=self._rounds_done)
             if job.start():
                 self.rounds = job

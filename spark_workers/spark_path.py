@@ -261,27 +261,14 @@ class SparkPath:
         ]
         if not batches:
             return 0
-        first = runners[0]
         queue = uuid.uuid4().hex
-        plan = self.plan_of(first, []) | {
-            "upstream_table": first.upstream.name,
-            "upstream_schema": first.upstream.schema.to_json(),
-            "read_epoch": first.executor.snapshot_epoch,
-            "groups": [
-                [b.limit, [[v, key_to_json(r, a)] for v, a in b.starts]] for r, b in batches
-            ],
-            "queue": queue,
-        }
+        plan = self.pushdown_plan(batches, queue, runners[0].executor.snapshot_epoch)
         self.queue_statement("INSERT INTO work_queues (token) VALUES (%s)", queue)
         try:
             got = self._pushed_down(spark, json.dumps(plan), min(len(batches), cores))
         finally:
-            try:  # with any a driver that died mid-job left
-                self.queue_statement(
-                    "DELETE FROM work_queues WHERE token = %s "
-                    "OR created_at < now() - interval '1 hour'",
-                    queue,
-                )
+            try:
+                self.queue_statement(DELETE_QUEUE, queue)
             except Exception as e:  # a row left behind costs nothing; a later job sweeps it
                 log.warning("could not delete work queue %s: %s", queue, e)
         self.jobs += 1
@@ -293,6 +280,22 @@ class SparkPath:
             summary = {v: (n, key_from_json(r, last)) for v, (n, last) in got[i].items()}
             total += r.executor.on_batch_summary(b, summary)
         return total
+
+    def pushdown_plan(
+        self, batches: Sequence[tuple[ActorRunner, SnapshotBatchRead]], queue: str, read_epoch: int
+    ) -> dict[str, Any]:
+        """The plan of a pushed-down job: ``batches`` as its groups (in order), taken from
+        work queue ``queue``, reading the snapshot at ``read_epoch``."""
+        first = batches[0][0]
+        return self.plan_of(first, []) | {
+            "upstream_table": first.upstream.name,
+            "upstream_schema": first.upstream.schema.to_json(),
+            "read_epoch": read_epoch,
+            "groups": [
+                [b.limit, [[v, key_to_json(r, a)] for v, a in b.starts]] for r, b in batches
+            ],
+            "queue": queue,
+        }
 
     @staticmethod
     def _pushed_down(spark: Any, plan: str, n_tasks: int) -> dict[int, dict[int, tuple[int, Any]]]:
@@ -345,6 +348,8 @@ class SparkPath:
         return {int(v): (int(n), last) for v, (n, last) in summary["vnodes"].items()}
 
 
+# a job's work queue goes after it, with any that a driver which died mid-job left
+DELETE_QUEUE = "DELETE FROM work_queues WHERE token = %s OR created_at < now() - interval '1 hour'"
 GROUPS_PER_TASK = 8  # on average: a job's tail, one task still at work, is short
 
 
