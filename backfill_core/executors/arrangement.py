@@ -24,6 +24,7 @@ from backfill_core.changes import Row, RowChange
 from backfill_core.executors.flow import (
     account_batch,
     apply_flow_mutation,
+    check_provenance,
     check_summary,
     split_batches,
     spread_reads,
@@ -102,7 +103,7 @@ class ArrangementBackfill:
         self.snapshot_epoch = 0  # snapshot reads of the open epoch happen here
         self.open_epoch = 0  # snapshot rows are written here
         self.budget: int | None = 0
-        self.exhausted: set[int] = set()
+        self.exhausted = self._completed()  # vnodes with nothing left to read this epoch
         self.epoch_rows = 0
 
     @property
@@ -148,16 +149,25 @@ class ArrangementBackfill:
         self.snapshot_epoch = barrier.epoch.prev
         self.open_epoch = barrier.epoch.curr
         self.budget = epoch_budget(self.rate_limit, self.paused, barrier.elapsed_ms, self.budget)
-        self.exhausted = set()
+        self.exhausted = self._completed()
         self.epoch_rows = 0
         return out
 
+    def _completed(self) -> set[int]:
+        """Vnodes restored as completed (a rescale deals them next to unfinished ones):
+        the view holds all their rows, so they are never read again and every change
+        of theirs is emitted, as in the seed."""
+        return {v for v, p in self.progress.items() if p.state is VnodeState.COMPLETED}
+
     def _visible(self, change: RowChange) -> bool:
         p = self.progress.get(change.vnode)
-        if p is None or p.state is VnodeState.NOT_STARTED or p.current_pos is None:
+        if p is None:
             return False
+        # a completed vnode may have no position at all (it had no rows)
         if p.state is VnodeState.COMPLETED:
             return True
+        if p.state is VnodeState.NOT_STARTED or p.current_pos is None:
+            return False
         return self.pk_of(change.row) <= p.current_pos
 
     def _snapshot_done(self) -> bool:
@@ -204,8 +214,9 @@ class ArrangementBackfill:
         check_summary(read, count, last_pos)
         if read.vnode not in self.progress or read.vnode in self.exhausted:
             raise ValueError(f"vnode {read.vnode} has nothing to read in this epoch")
+        p = self.progress[read.vnode]
+        check_provenance(read, self.snapshot_epoch, p.current_pos)
         if last_pos is not None:
-            p = self.progress[read.vnode]
             self.progress[read.vnode] = VnodeProgress(
                 VnodeState.IN_PROGRESS, last_pos, p.row_count + count
             )

@@ -36,6 +36,7 @@ from backfill_core.executors.arrangement import VnodeProgress, VnodeState, epoch
 from backfill_core.executors.flow import (
     FixedSnapshotReads,
     apply_flow_mutation,
+    check_provenance,
     check_summary,
     vnode_progress_rows,
 )
@@ -180,11 +181,10 @@ class ChainBackfill(FixedSnapshotReads):
         A read returning fewer rows than asked for ended its vnode for good.
         """
         check_summary(read, count, last_pos)
-        if read.epoch != self.snapshot_epoch:
-            raise ValueError(f"a chain job reads its snapshot at {self.snapshot_epoch} only")
         p = self.progress.get(read.vnode)
         if p is None or p.state is VnodeState.COMPLETED or self.phase is not Phase.SNAPSHOT:
             raise ValueError(f"vnode {read.vnode} has nothing left to read")
+        check_provenance(read, self.snapshot_epoch, p.current_pos)
         if last_pos is not None:
             p = VnodeProgress(VnodeState.IN_PROGRESS, last_pos, p.row_count + count)
             self.epoch_rows += count

@@ -8,7 +8,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from backfill_core.changes import Row
-from backfill_core.executors.messages import Mutation, SnapshotBatchRead, SnapshotRead
+from backfill_core.executors.messages import (
+    Mutation,
+    ReadProvenanceError,
+    SnapshotBatchRead,
+    SnapshotRead,
+)
 
 
 def apply_flow_mutation(
@@ -101,6 +106,21 @@ def check_summary(read: SnapshotRead, count: int, last_pos: Row | None) -> None:
         raise ValueError("a snapshot read returned more rows than asked for")
     if (count > 0) != (last_pos is not None):
         raise ValueError("a read summary needs the last position exactly when rows were read")
+
+
+def check_provenance(read: SnapshotRead, snapshot_epoch: int, current_pos: Row | None) -> None:
+    """Refuse a read that is not the one the executor would ask for now: planned at
+    another epoch (before a barrier, accounted after it) or from another position. Its
+    rows could end a vnode early; the runtime fails the graph instead (recovery)."""
+    if read.epoch != snapshot_epoch:
+        raise ReadProvenanceError(
+            f"a read of vnode {read.vnode} at epoch {read.epoch}, "
+            f"where the snapshot is read at {snapshot_epoch}"
+        )
+    if read.after != current_pos:
+        raise ReadProvenanceError(
+            f"a read of vnode {read.vnode} after {read.after}, where its position is {current_pos}"
+        )
 
 
 class _Progress(Protocol):

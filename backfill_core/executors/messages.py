@@ -114,3 +114,7 @@ class BarrierOutput:
     progress: dict[str, Any]
     rows: int
     finished: bool
+
+
+class ReadProvenanceError(ValueError):
+    """A read came back for another epoch or start position than the executor asked for."""

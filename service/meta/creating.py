@@ -27,8 +27,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, text, update
 from sqlalchemy.orm import Session
 
-from backfill_core.epoch import lag_ms
-from backfill_core.executors.snapshot import upstream_may_advance
+from backfill_core.executors.snapshot import log_store_lets_upstream_advance
 from backfill_core.schema import TableSchema
 from service.catalog import events
 from service.catalog.models import (
@@ -223,11 +222,11 @@ def merge_caught_up(s: Session) -> list[int]:
 # of a snapshot backfill.
 _REPLAY_REPORTS = text(
     """
-    SELECT r.cap, r.consumed, r.phase
+    SELECT r.cap, r.curr_epoch, r.phase
     FROM graphs g JOIN actors a ON a.graph_id = g.id
     CROSS JOIN LATERAL (
         SELECT c.progress->>'max_pending_epoch_lag_ms' AS cap,
-               c.progress->>'consumed_epoch' AS consumed, c.progress->>'phase' AS phase
+               c.curr_epoch, c.progress->>'phase' AS phase
         FROM barrier_collects c
         WHERE c.actor_id = a.id AND c.graph_id = g.id
         ORDER BY c.curr_epoch DESC LIMIT 1
@@ -247,10 +246,11 @@ def lag_capped(s: Session) -> bool:
     main = s.get(Graph, MAIN_GRAPH_ID)
     if main is None:
         return False
-    for cap, consumed, phase in s.execute(_REPLAY_REPORTS):
-        if phase != "log_store" or cap is None or consumed is None:
+    for cap, next_replayed, phase in s.execute(_REPLAY_REPORTS):
+        if phase != "log_store" or cap is None:
             continue
-        if not upstream_may_advance(lag_ms(main.committed_epoch, int(consumed)), int(cap)):
+        # the collect's barrier opened the epoch the job replays next
+        if not log_store_lets_upstream_advance(main.committed_epoch, next_replayed, int(cap)):
             return True
     return False
 

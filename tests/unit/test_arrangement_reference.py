@@ -12,13 +12,21 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backfill_core.changes import Op, Version
 from backfill_core.epoch import EpochPair
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeState
-from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
+from backfill_core.executors.messages import (
+    Barrier,
+    BarrierKind,
+    Mutation,
+    ReadProvenanceError,
+    SnapshotBatchRead,
+    SnapshotRead,
+)
 from tests.kit.executors import (
     ACTOR,
     VNODES,
@@ -223,3 +231,69 @@ def test_the_rate_limit_is_a_token_bucket_over_barriers_handled_at_once() -> Non
     assert ex.budget == 0
     ex.on_barrier(barrier(8_100, 8_200, Mutation(resume=True)))
     assert ex.budget == 100  # nothing carried across a pause
+
+
+def test_a_restored_completed_vnode_is_never_read_and_emits_every_change() -> None:
+    """A rescale deals a vnode an earlier actor completed next to an unfinished one
+    (issue 30): its rows are all in the view, so a delete in it must be emitted, and it
+    is never read again (a read would turn it back into one in progress)."""
+    from backfill_core.changes import RowChange
+    from backfill_core.executors.arrangement import VnodeProgress
+
+    restore = {
+        0: VnodeProgress(VnodeState.COMPLETED, (4,), 2),
+        1: VnodeProgress(VnodeState.IN_PROGRESS, (1,), 1),
+        2: VnodeProgress(VnodeState.COMPLETED, None, 0),  # completed without any row
+    }
+    ex = ArrangementBackfill(1, [0, 1, 2], key_of, restore=restore)
+    ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1))))
+    read = ex.next_read(1)
+    assert read is not None and read.vnode == 1 and read.after == (1,)
+    assert [r.vnode for r in ex.next_spread_read(10)] == [1]
+    assert [v for b in ex.next_batch_reads(10, 2) for v, _ in b.starts] == [1]
+    ex.on_snapshot_rows(read, [(5, "x")])  # more rows may remain in vnode 1
+    nxt = ex.next_read(10)
+    assert nxt is not None and nxt.vnode == 1 and nxt.after == (5,)
+    with pytest.raises(ValueError):
+        ex.on_read_summary(SnapshotRead(0, epoch(0), (4,), 10), 1, (8,))
+    deletes = [
+        RowChange(Op.DELETE, 0, (12, "a"), None),
+        RowChange(Op.INSERT, 2, None, (2, "b")),
+        RowChange(Op.DELETE, 1, (9, "c"), None),  # above vnode 1's position: not yet
+    ]
+    needed = ex.changes_needed(Barrier(EpochPair(epoch(1), epoch(2))))
+    assert needed is not None and needed.vnodes == (0, 1, 2)
+    out = ex.on_barrier(Barrier(EpochPair(epoch(1), epoch(2))), deletes)
+    assert out.emit == deletes[:2]
+    assert ex.progress[0] == restore[0] and ex.progress[2] == restore[2]
+
+
+def test_a_restored_actor_whose_vnodes_all_completed_forwards() -> None:
+    from backfill_core.executors.arrangement import VnodeProgress
+
+    done = VnodeProgress(VnodeState.COMPLETED, (1,), 1)
+    ex = ArrangementBackfill(1, [0, 1], key_of, restore={0: done, 1: done})
+    assert ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1)))).finished
+    assert ex.next_read(10) is None
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        SnapshotRead(0, epoch(1), (0,), 5),  # planned at the next epoch
+        SnapshotRead(0, epoch(0) - 1, (0,), 5),  # planned before the barrier it is read after
+        SnapshotRead(0, epoch(0), None, 5),  # from the vnode's start, not its position
+        SnapshotRead(0, epoch(0), (4,), 5),  # from past its position
+    ],
+)
+def test_a_read_from_another_epoch_or_position_is_refused(read: SnapshotRead) -> None:
+    ex = ArrangementBackfill(1, [0], key_of)
+    ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1))))
+    first = ex.next_read(1)
+    assert first is not None
+    ex.on_snapshot_rows(first, [(0, "a")])
+    with pytest.raises(ReadProvenanceError):
+        ex.on_read_summary(read, 1, (8,))
+    with pytest.raises(ReadProvenanceError):
+        ex.on_batch_summary(SnapshotBatchRead(read.epoch, ((0, read.after),), 5), {0: (1, (8,))})
+    assert ex.progress[0].current_pos == (0,)

@@ -22,7 +22,15 @@ from backfill_core.changes import Op, RowChange, Version
 from backfill_core.epoch import EpochPair
 from backfill_core.executors.arrangement import VnodeState
 from backfill_core.executors.chain import ChainBackfill, Phase
-from backfill_core.executors.messages import Barrier, BarrierKind, ChangeRange, Mutation
+from backfill_core.executors.messages import (
+    Barrier,
+    BarrierKind,
+    ChangeRange,
+    Mutation,
+    ReadProvenanceError,
+    SnapshotBatchRead,
+    SnapshotRead,
+)
 from tests.kit.executors import (
     ACTOR,
     VNODES,
@@ -288,3 +296,23 @@ def test_a_created_job_comes_back_forwarding() -> None:
     assert ex.on_barrier(first).finished and ex.next_read(10) is None
     barrier = Barrier(EpochPair(epoch(4), epoch(5)))
     assert ex.changes_needed(barrier) == ChangeRange(epoch(3), epoch(4), (0, 1))
+
+
+@pytest.mark.parametrize(
+    "epoch_index, after",
+    [(1, (0,)), (0, None), (0, (4,))],  # another epoch; from the start; past the position
+)
+def test_a_read_from_another_epoch_or_position_is_refused(
+    epoch_index: int, after: tuple[int] | None
+) -> None:
+    ex = ChainBackfill(1, [0], key_of)
+    ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1))))
+    first = ex.next_read(1)
+    assert first is not None and first.epoch == epoch(0)
+    ex.on_snapshot_rows(first, [(0, "a")])
+    wrong = SnapshotRead(0, epoch(epoch_index), after, 5)
+    with pytest.raises(ReadProvenanceError):
+        ex.on_read_summary(wrong, 1, (8,))
+    with pytest.raises(ReadProvenanceError):
+        ex.on_batch_summary(SnapshotBatchRead(wrong.epoch, ((0, after),), 5), {0: (1, (8,))})
+    assert ex.progress[0].current_pos == (0,)

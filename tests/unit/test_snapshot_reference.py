@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 
 from backfill_core.changes import Op, RowChange, Version
 from backfill_core.epoch import EpochPair, physical_time
-from backfill_core.executors.messages import Barrier, BarrierKind, ChangeRange, Mutation
+from backfill_core.executors.messages import (
+    Barrier,
+    BarrierKind,
+    ChangeRange,
+    Mutation,
+    ReadProvenanceError,
+    SnapshotBatchRead,
+    SnapshotRead,
+)
 from backfill_core.executors.snapshot import (
     Phase,
     SnapshotBackfill,
@@ -530,3 +538,23 @@ def test_phase_1_refuses_barriers_past_the_snapshot() -> None:
         ex.on_barrier(Barrier(EpochPair(fake(1), S)))
     with pytest.raises(ValueError, match="during the snapshot"):
         ex.on_barrier(Barrier(EpochPair(fake(1), epoch(5))))
+
+
+@pytest.mark.parametrize(
+    "read_epoch, after",
+    [(epoch(4), (0,)), (S, None), (S, (4,))],  # another epoch; from the start; past the position
+)
+def test_a_read_from_another_epoch_or_position_is_refused(
+    read_epoch: int, after: tuple[int] | None
+) -> None:
+    ex = SnapshotBackfill(1, [0], key_of, S)
+    ex.on_barrier(Barrier(EpochPair(0, fake(1))))
+    first = ex.next_read(1)
+    assert first is not None and first.epoch == S
+    ex.on_snapshot_rows(first, [(0, "a")])
+    wrong = SnapshotRead(0, read_epoch, after, 5)
+    with pytest.raises(ReadProvenanceError):
+        ex.on_read_summary(wrong, 1, (8,))
+    with pytest.raises(ReadProvenanceError):
+        ex.on_batch_summary(SnapshotBatchRead(read_epoch, ((0, after),), 5), {0: (1, (8,))})
+    assert ex.progress[0].current_pos == (0,)
