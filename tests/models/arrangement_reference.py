@@ -3,8 +3,10 @@
 Written from ``arrangement_backfill.rs``: upstream rows of an epoch are buffered; the
 snapshot is consumed one row at a time (vnodes in ascending order, each to its end),
 moving ``current_pos``; at a barrier the buffered rows are emitted where their key is
-at or below ``current_pos`` of their vnode (none for a vnode not started), or all of
-them when the snapshot stream ended during the epoch, which finishes the backfill.
+at or below ``current_pos`` of their vnode (none for a vnode not started, all for a
+completed one), or all of them when the snapshot stream ended during the epoch, which
+finishes the backfill. A vnode restored as completed (a rescale dealt it to this actor)
+is never read again: the view holds all its rows.
 Rows here are ``(key, value)`` with the key first.
 """
 
@@ -41,6 +43,10 @@ class ArrangementReference:
         for v in self.vnodes:
             self.progress.setdefault(v, Progress())
         self.finished = all(p.state == "completed" for p in self.progress.values())
+        self.ended = self._completed()
+
+    def _completed(self) -> set[int]:
+        return {v for v, p in self.progress.items() if p.state == "completed"}
 
     # messages -------------------------------------------------------------
 
@@ -99,6 +105,7 @@ class ArrangementReference:
                 if (
                     self.finished
                     or snapshot_ended
+                    or p.state == "completed"
                     or p.state != "not_started"
                     and p.pos is not None
                     and (key,) <= p.pos
@@ -110,7 +117,7 @@ class ArrangementReference:
                 self.finished = True
         self.buffer = []
         self.started = True
-        self.ended = set()
+        self.ended = self._completed()
         self.paused, self.rate_limit, self.budget = follow(
             mutation, actor_id, self.paused, self.rate_limit, elapsed_ms, self.budget
         )

@@ -9,11 +9,12 @@ finish flag; and the view must equal the upstream wherever the backfill has reac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from backfill_core.changes import Op, Version
@@ -37,6 +38,16 @@ from tests.kit.executors import (
     new_store,
     read_batches,
     vnode_of,
+)
+from tests.kit.rescale import (
+    ALL,
+    ActorPair,
+    JobFlow,
+    Upstream,
+    assert_reached,
+    deals,
+    job_histories,
+    run_with_recoveries,
 )
 from tests.models.arrangement_reference import ArrangementReference
 
@@ -297,3 +308,73 @@ def test_a_read_from_another_epoch_or_position_is_refused(read: SnapshotRead) ->
     with pytest.raises(ReadProvenanceError):
         ex.on_batch_summary(SnapshotBatchRead(read.epoch, ((0, read.after),), 5), {0: (1, (8,))})
     assert ex.progress[0].current_pos == (0,)
+
+
+class _Arrangement:
+    """Recoveries of an arrangement job restore each vnode's committed progress."""
+
+    mixed = False  # an actor restored with completed vnodes next to unfinished ones
+
+    def actor(self, actor_id: int, vnodes: list[int], flow: JobFlow, restored: Any) -> ActorPair:
+        impl_restore, model_restore = restored or ({}, {})
+        done = {v in impl_restore and impl_restore[v].state is VnodeState.COMPLETED for v in vnodes}
+        self.mixed = self.mixed or len(done) == 2
+        return ActorPair(
+            actor_id,
+            vnodes,
+            ArrangementBackfill(
+                actor_id,
+                vnodes,
+                key_of,
+                rate_limit=flow.rate_limit,
+                paused=flow.paused,
+                restore={v: impl_restore[v] for v in vnodes if v in impl_restore},
+            ),
+            ArrangementReference(
+                vnodes,
+                rate_limit=flow.rate_limit,
+                paused=flow.paused,
+                progress={
+                    v: dataclasses.replace(model_restore[v]) for v in vnodes if v in model_restore
+                },
+            ),
+        )
+
+    def committed(self, actors: list[ActorPair], outs: list[Any]) -> Any:
+        return (
+            {v: p for a in actors for v, p in a.impl.progress.items()},
+            {v: dataclasses.replace(p) for a in actors for v, p in a.model.progress.items()},
+        )
+
+    def keeps_view(self, committed: Any) -> bool:
+        return True
+
+    def check(self, actor: ActorPair, view: Any, up: Upstream, e: int) -> None:
+        reached = {
+            v: ALL if p.state is VnodeState.COMPLETED else p.current_pos
+            for v, p in actor.impl.progress.items()
+        }
+        assert_reached(view, up.store.snapshot(e), reached)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    initial=st.dictionaries(st.integers(0, 15), st.integers(0, 9), max_size=16),
+    first_deal=deals,
+    history=job_histories,
+    rate_limit=st.one_of(st.none(), st.integers(0, 50)),
+)
+def test_restores_and_rescales_keep_the_executors_equal_to_the_model(
+    initial: dict[int, int], first_deal: list[int], history: list[Any], rate_limit: int | None
+) -> None:
+    """A job's actors at random barriers (not all checkpoints, random spacing): at random
+    points a recovery rolls everything back to the last checkpoint and deals the vnodes
+    to a new number of actors, restored from the progress committed there, so an actor
+    may own vnodes another completed next to unfinished ones. Executors and models agree
+    at every barrier, and every vnode of the view is the upstream's as far as it reached."""
+    kind = _Arrangement()
+    recoveries, _ = run_with_recoveries(
+        kind, initial, first_deal, history, JobFlow(rate_limit=rate_limit)
+    )
+    event(f"recoveries: {min(recoveries, 3)}+")
+    event(f"an actor restored with completed and unfinished vnodes: {kind.mixed}")

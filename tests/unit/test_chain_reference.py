@@ -15,7 +15,7 @@ import functools
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from backfill_core.changes import Op, RowChange, Version
@@ -42,7 +42,18 @@ from tests.kit.executors import (
     read_batches,
     vnode_of,
 )
+from tests.kit.rescale import (
+    ALL,
+    ActorPair,
+    JobFlow,
+    Upstream,
+    assert_reached,
+    deals,
+    job_histories,
+    run_with_recoveries,
+)
 from tests.models.chain_reference import ChainReference
+from tests.models.chain_reference import Progress as ChainProgress
 
 
 def as_versions(changes: list[RowChange]) -> list[Version]:
@@ -316,3 +327,71 @@ def test_a_read_from_another_epoch_or_position_is_refused(
     with pytest.raises(ReadProvenanceError):
         ex.on_batch_summary(SnapshotBatchRead(wrong.epoch, ((0, after),), 5), {0: (1, (8,))})
     assert ex.progress[0].current_pos == (0,)
+
+
+class _Chain:
+    """Recoveries of a chain job: before it was created the view is truncated and fresh
+    actors take a new snapshot (as the seed, no mid-backfill recovery); once created,
+    they come back forwarding."""
+
+    def actor(self, actor_id: int, vnodes: list[int], flow: JobFlow, created: Any) -> ActorPair:
+        finished = bool(created)
+        model = ChainReference(vnodes, rate_limit=flow.rate_limit, paused=flow.paused)
+        if finished:
+            model.finished = True
+            model.progress = {v: ChainProgress("completed") for v in vnodes}
+        return ActorPair(
+            actor_id,
+            vnodes,
+            ChainBackfill(
+                actor_id,
+                vnodes,
+                key_of,
+                rate_limit=flow.rate_limit,
+                paused=flow.paused,
+                finished=finished,
+            ),
+            model,
+        )
+
+    def committed(self, actors: list[ActorPair], outs: list[Any]) -> Any:
+        return all(out.finished for out in outs)  # the job is created at this checkpoint
+
+    def keeps_view(self, created: Any) -> bool:
+        return bool(created)
+
+    def check(self, actor: ActorPair, view: Any, up: Upstream, e: int) -> None:
+        ex = actor.impl
+        if ex.phase is Phase.FORWARDING:
+            assert_reached(view, up.store.snapshot(e), {v: ALL for v in actor.vnodes})
+        elif ex.phase is Phase.REPLAY:
+            truth = up.store.snapshot(ex.replayed_upto)
+            assert_reached(view, truth, {v: ALL for v in actor.vnodes})
+        else:
+            reached = {
+                v: ALL if p.state is VnodeState.COMPLETED else p.current_pos
+                for v, p in ex.progress.items()
+            }
+            assert_reached(view, up.store.snapshot(ex.snapshot_epoch), reached)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    initial=st.dictionaries(st.integers(0, 15), st.integers(0, 9), max_size=16),
+    first_deal=deals,
+    history=job_histories,
+    rate_limit=st.one_of(st.none(), st.integers(0, 50)),
+)
+def test_restores_and_rescales_keep_the_executors_equal_to_the_model(
+    initial: dict[int, int], first_deal: list[int], history: list[Any], rate_limit: int | None
+) -> None:
+    """A chain job's actors at random barriers (not all checkpoints, random spacing),
+    recovered at random points to the last checkpoint with the vnodes dealt to a new
+    number of actors: executors and models agree at every barrier, and each actor's
+    vnodes of the view are what its phase promises."""
+    flow = JobFlow(rate_limit=rate_limit)
+    recoveries, started = run_with_recoveries(_Chain(), initial, first_deal, history, flow)
+    event(f"recoveries: {min(recoveries, 3)}+")
+    event(
+        f"came back created: {any(a.impl.phase is Phase.FORWARDING for s in started[1:] for a in s)}"
+    )
