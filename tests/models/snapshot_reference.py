@@ -62,11 +62,19 @@ class SnapshotReference:
     consumed: int = 0
     log_started: bool = False
     max_pending_epoch_lag: int | None = None  # None: u64::MAX
+    # where the log store starts: the snapshot epoch, or the committed epoch a recovery in
+    # phase 2 resumes from (every vnode consumed there; the upstream's later epochs pend)
+    log_start: int = 0
 
     def __post_init__(self) -> None:
         for v in self.vnodes:
             self.progress.setdefault(v, Progress(self.snapshot_epoch))
-        self.latest = self.snapshot_epoch
+        if not self.log_start:
+            self.log_start = self.snapshot_epoch
+        elif self.log_start >= self.snapshot_epoch:
+            assert all(p.state == "consumed" for p in self.progress.values())
+            self.phase = "log_store"
+        self.latest = self.log_start
 
     # upstream -------------------------------------------------------------
 
@@ -85,7 +93,7 @@ class SnapshotReference:
 
     def pending_epoch_lag(self) -> int:
         if not self.log_started:
-            return self.latest - self.snapshot_epoch
+            return self.latest - self.log_start
         return self.pending[-1] - self.consumed if self.pending else 0
 
     def can_consume_upstream(self) -> bool:
@@ -151,9 +159,9 @@ class SnapshotReference:
                 assert all(p.state == "consumed" for p in self.progress.values())
                 self.phase = "log_store"
         elif self.phase == "log_store" and not self.log_started:
-            assert prev == self.snapshot_epoch
+            assert prev == self.log_start
             self.log_started = True
-            self.consumed = self.snapshot_epoch
+            self.consumed = self.log_start
             self.max_pending_epoch_lag = self.pending_epoch_lag()
             if not self.pending:
                 self._finish()
