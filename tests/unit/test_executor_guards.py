@@ -1,0 +1,35 @@
+"""Guards of the executors at their exact boundaries (issue 39: each one survived a
+mutation before these tests)."""
+
+from __future__ import annotations
+
+import pytest
+
+from backfill_core.epoch import EpochPair
+from backfill_core.executors.messages import Barrier
+from backfill_core.executors.snapshot import Phase, SnapshotBackfill, VnodeUpdateDuringLogStore
+from tests.kit.executors import epoch, key_of
+
+S = epoch(3)
+
+
+def _finishing() -> SnapshotBackfill:
+    """A snapshot job that caught up with its upstream at this barrier (phase 2's end)."""
+    ex = SnapshotBackfill(1, [0, 1], key_of, S)
+    ex.on_barrier(Barrier(EpochPair(0, 1 << 16)), upstream_latest_epoch=S)
+    assert ex.next_read(10) is not None
+    for read in iter(lambda: ex.next_read(10), None):
+        ex.on_snapshot_rows(read, [])
+    ex.on_barrier(Barrier(EpochPair(1 << 16, S)), upstream_latest_epoch=S)
+    ex.on_barrier(Barrier(EpochPair(S, epoch(4))), upstream_latest_epoch=S)
+    return ex
+
+
+def test_a_rescale_of_a_snapshot_job_that_is_finishing_fails_it() -> None:
+    """The barrier that reports finish is still the log store's (the seed fails a vnode
+    update there): the job is not merged yet, its progress is per replayed epoch."""
+    ex = _finishing()
+    assert ex.phase is Phase.FINISHING
+    with pytest.raises(VnodeUpdateDuringLogStore):
+        ex.on_vnode_update([0, 1, 2])
+    assert ex.vnodes == (0, 1)
