@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -187,6 +186,12 @@ def pause_in_effect(db: Database) -> None:
     wait_for(lambda: committed() >= e2, what="the pause committed")
 
 
+def _graph_state(db: Database, graph_id: int = 1) -> str:
+    with db.engine.connect() as conn:
+        q = text("SELECT state FROM graphs WHERE id = :g")
+        return str(conn.execute(q, {"g": graph_id}).scalar_one())
+
+
 def test_a_job_created_before_any_worker_exists(db: Database, fresh_db_url: str) -> None:
     settings = Settings(
         database_url=fresh_db_url, barrier_interval_ms=50, spawn_embedded_worker=False
@@ -195,7 +200,9 @@ def test_a_job_created_before_any_worker_exists(db: Database, fresh_db_url: str)
         load(http, 5_000)
         with Writer(http, "orders", 5_000, seed=3):
             job = create_job(http, "early")
-            time.sleep(0.5)  # the main graph waits in recovery for a worker
+            wait_for(
+                lambda: _graph_state(db) == "recovering", what="the graph waiting for a worker"
+            )
             worker = Worker(url, "late")
             t = threading.Thread(target=worker.run, daemon=True)
             t.start()

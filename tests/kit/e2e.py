@@ -169,10 +169,14 @@ def wait_created(http: httpx.Client, job: int, timeout: float = 120.0) -> None:
         raise AssertionError(f"{e}; job {http.get(f'/v1/jobs/{job}').json()}; {progress}") from None
 
 
-def assert_exact(http: httpx.Client, job: int, times: int = 2) -> None:
+def assert_exact(http: httpx.Client, job: int, times: int = 2, timeout: float = 60.0) -> None:
+    """The view is exact at ``times`` distinct committed epochs (each one verified)."""
     seen: set[int] = set()
-    while len(seen) < times:
+
+    def verified_at_enough_epochs() -> bool:
         v = http.get(f"/v1/jobs/{job}/verify").json()
         assert v["equal"], v
         seen.add(v["epoch"])
-        time.sleep(0.1)
+        return len(seen) >= times
+
+    wait_for(verified_at_enough_epochs, timeout, f"the view verified at {times} committed epochs")
