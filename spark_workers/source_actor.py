@@ -208,6 +208,10 @@ class SourceRunner:
                 source_ends={s: int(ranges[s][1]) for s in new_owned if s in ranges},
             )
             fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
+            # a split change trimmed the dropped splits: their read-ahead goes too (the
+            # report of the next barrier no longer lists them, nor does the meta after)
+            for split in set(self._buffer) - set(ex.progress):
+                del self._buffer[split]
             rows = [parse_row(self.schema, upstream[i]) for i in out.emit]
             self.mv.write(cur, out.write_epoch, [Version(r) for r in self.view.rows(rows)])
         conn.commit()

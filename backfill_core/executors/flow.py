@@ -109,17 +109,23 @@ def check_summary(read: SnapshotRead, count: int, last_pos: Row | None) -> None:
 
 
 def check_provenance(read: SnapshotRead, snapshot_epoch: int, current_pos: Row | None) -> None:
-    """Refuse a read that is not the one the executor would ask for now: planned at
-    another epoch (before a barrier, accounted after it) or from another position. Its
-    rows could end a vnode early; the runtime fails the graph instead (recovery)."""
-    if read.epoch != snapshot_epoch:
+    """Refuse a snapshot read that is not the one the executor would ask for now."""
+    check_planned_now(f"vnode {read.vnode}", read.epoch, snapshot_epoch, read.after, current_pos)
+
+
+def check_planned_now(
+    what: str, epoch: int, expected_epoch: int, start: object, expected_start: object
+) -> None:
+    """Refuse a read of ``what`` planned at another epoch (before a barrier, accounted
+    after it) or from another start than where it stands now. Its rows could end a
+    vnode or split early; the runtime fails the graph instead (recovery)."""
+    if epoch != expected_epoch:
         raise ReadProvenanceError(
-            f"a read of vnode {read.vnode} at epoch {read.epoch}, "
-            f"where the snapshot is read at {snapshot_epoch}"
+            f"a read of {what} planned at epoch {epoch}, where it is read at {expected_epoch}"
         )
-    if read.after != current_pos:
+    if start != expected_start:
         raise ReadProvenanceError(
-            f"a read of vnode {read.vnode} after {read.after}, where its position is {current_pos}"
+            f"a read of {what} from {start}, where its position is {expected_start}"
         )
 
 

@@ -44,8 +44,8 @@ from enum import StrEnum
 from typing import Any
 
 from backfill_core.executors.arrangement import Phase, epoch_budget
-from backfill_core.executors.flow import apply_flow_mutation
-from backfill_core.executors.messages import Barrier
+from backfill_core.executors.flow import apply_flow_mutation, check_planned_now
+from backfill_core.executors.messages import Barrier, ReadProvenanceError
 
 __all__ = [
     "OffsetRead",
@@ -107,9 +107,11 @@ NEW_SPLIT = SplitProgress(SplitState.FINISHED)  # added to the source after the 
 
 @dataclass(frozen=True, slots=True)
 class OffsetRead:
-    """Read up to ``limit`` rows of ``split`` from ``start`` (inclusive; None: earliest)."""
+    """Read up to ``limit`` rows of ``split`` from ``start`` (inclusive; None: earliest),
+    planned in the open ``epoch`` (its visible rows are written at it)."""
 
     split: str
+    epoch: int
     start: int | None
     target: int | None  # the split's target when planned (Spark stops after the first row >= it)
     limit: int
@@ -328,7 +330,10 @@ class SourceBackfill:
         self, target: Iterable[str], committed: Mapping[str, SplitProgress]
     ) -> dict[str, SplitProgress]:
         """The seed's ``update_state_if_changed``: kept splits keep their state, a split
-        migrated in takes its committed state, a split new to the job needs no backfill."""
+        migrated in takes its committed state, a split new to the job needs no backfill.
+        A split no longer listed is trimmed: it leaves the progress (the reports from the
+        next barrier on, ``total_rows``); its committed row goes at the meta's next commit
+        unless another actor of the job owns it now (``service.meta.barriers``)."""
         out: dict[str, SplitProgress] = {}
         for s in split_order(set(target)):
             if s in self.progress:
@@ -367,7 +372,7 @@ class SourceBackfill:
                 break  # fewer rows than splits: the last ones wait for the next call
             p = self.progress[s]
             start = None if p.offset is None else p.offset + 1
-            reads.append(OffsetRead(s, start, p.target_offset, limit))
+            reads.append(OffsetRead(s, self.open_epoch, start, p.target_offset, limit))
         return reads
 
     def on_backfill_rows(
@@ -444,11 +449,20 @@ class SourceBackfill:
         if self.phase is Phase.FORWARDING or not self.started:
             raise ValueError("no backfill reads outside the backfill stage")
         p = self.progress.get(read.split)
-        if p is None or p.state is not SplitState.BACKFILLING or read.split in self.exhausted:
-            raise ValueError(f"split {read.split} has nothing to read in this epoch")
+        if p is None:
+            # dropped by a split change since (or never owned): its rows are not ours
+            raise ReadProvenanceError(f"a read of split {read.split}, not owned by this actor")
+        # the position is where the read starts and the target it stops after
         start = None if p.offset is None else p.offset + 1
-        if (read.start, read.target) != (start, p.target_offset):
-            raise ValueError(f"stale read of split {read.split}: {read}")
+        check_planned_now(
+            f"split {read.split}",
+            read.epoch,
+            self.open_epoch,
+            (read.start, read.target),
+            (start, p.target_offset),
+        )
+        if p.state is not SplitState.BACKFILLING or read.split in self.exhausted:
+            raise ValueError(f"split {read.split} has nothing to read in this epoch")
         if not 0 <= count <= read.limit:
             raise ValueError("a backfill read returned more rows than asked for")
         if (count > 0) != (last_offset is not None):

@@ -205,6 +205,30 @@ _PERSIST_SPLITS = text(
     """
 )
 
+# The seed trims the state of a split a split change drops (``trim_state``) and keeps
+# that of a split moving to another actor, which restores it. So here: a job's split
+# no actor of it owns any more (stopped at a committed epoch counts as gone, a stop
+# recovery may still undo does not) loses its row, and its rows leave the kept total,
+# which otherwise never goes back. Jobs owning no split now (being dropped) keep theirs.
+_TRIM_SPLITS = text(
+    """
+    WITH owned AS (
+      SELECT a.job_id, x AS split FROM actors a, jsonb_array_elements_text(a.splits) x
+      WHERE a.graph_id = :g AND (a.last_epoch IS NULL OR a.last_epoch > :prev)
+    ), trimmed AS (
+      DELETE FROM split_progress p USING jobs j
+      WHERE j.id = p.job_id AND j.graph_id = :g
+        AND EXISTS (SELECT 1 FROM owned o WHERE o.job_id = p.job_id)
+        AND NOT EXISTS (SELECT 1 FROM owned o WHERE o.job_id = p.job_id AND o.split = p.split)
+      RETURNING p.job_id, p.num_consumed_rows
+    )
+    UPDATE job_progress k SET consumed_rows = greatest(0, k.consumed_rows - t.n),
+      window_rows = greatest(0, k.window_rows - t.n)
+    FROM (SELECT job_id, sum(num_consumed_rows) AS n FROM trimmed GROUP BY job_id) t
+    WHERE k.job_id = t.job_id
+    """
+)
+
 _FINISH_ACTORS = text(
     """
     UPDATE actors SET state = 'finished'
@@ -312,6 +336,7 @@ def try_complete(session: Session, graph: Graph) -> int | None:
         graph.committed_epoch = max(graph.committed_epoch, prev)
         session.execute(_PERSIST_VNODES, params)
         session.execute(_PERSIST_SPLITS, params)
+        session.execute(_TRIM_SPLITS, params)
         session.execute(_JOB_PROGRESS, {**params, "clock": clock, "window": RATE_WINDOW_MS})
         session.execute(_FINISH_ACTORS, params)
         finished = [(jid, {"epoch": prev}) for (jid,) in session.execute(_FINISH_JOBS, params)]

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from connectors.kafka import KafkaClient, KafkaSpec
 from service.catalog.models import Actor, Source, SourceOffsets
 from service.db import Database
-from service.meta import recovery
+from service.meta import barriers, recovery
 from service.meta.loop import MetaLoop
 from service.meta.sources import SourceWatcher
 from service.settings import Settings
@@ -193,6 +193,76 @@ def test_the_shared_source_advances_per_epoch_and_hands_out_new_partitions(
         with db.transaction() as s:
             epochs = s.execute(select(SourceOffsets.epoch)).scalars().all()
             assert epochs and max(epochs) <= committed  # the moved epoch stays, the rest went
+
+
+def test_a_split_change_dropping_a_split_trims_its_progress_and_the_totals(
+    db: Database, fresh_db_url: str, kafka: MockKafka
+) -> None:
+    """A split change drops split 3 (as a source losing a partition would) and moves
+    split 1 to the other actor: at the next commit the job's progress and its totals
+    count splits 0, 1 and 2 only; the moved split keeps its committed row (its new
+    owner restores from it), as the seed trims only the state of dropped splits."""
+    kafka.produce("clicks", [(p, {"user_id": p}) for p in range(MOCK_PARTITIONS)])
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False, worker_lease_ms=60_000)
+    watcher = SourceWatcher(db, 1.0, probe_factory=ScriptedProbe)
+    loop = MetaLoop(settings, db, watcher=watcher)
+    from service.api.app import create_app
+
+    consumed = {"0": 10, "1": 20, "2": 30, "3": 40}
+    with api_client(create_app(settings, db)) as client:
+        worker = FakeWorker(client).register()
+        assert client.post("/v1/sources", json=spec(kafka)).status_code == 201
+        job = client.post(
+            "/v1/jobs",
+            json={"name": "per_user", "upstream": {"source": "clicks"}, "parallelism": 2},
+        ).json()["id"]
+        ScriptedProbe.marks = {p: (0, 1) for p in range(MOCK_PARTITIONS)}
+        watcher.refresh()
+        owned: dict[int, list[str]] = {}  # actor -> its splits, as its executor has them
+
+        def epoch() -> None:
+            """A barrier, collected by every actor with its splits' progress (the closed
+            epoch's: a split change applies after the report)."""
+            loop.tick()
+            for a in worker.poll():
+                actor = a["actor_id"]
+                mine = owned.setdefault(actor, [str(x) for x in a["splits"]])
+                for b in a["barriers"]:
+                    rows = [
+                        {"split": x, "state": "backfilling", "offset": 0,
+                         "num_consumed_rows": consumed[x], "target_offset": 9}
+                        for x in mine
+                    ]  # fmt: skip
+                    r = worker.collect(actor, b, progress={"splits": rows})
+                    assert r.status_code == 200, r.text
+                    change = (b.get("mutation") or {}).get("splits") or {}
+                    mine = owned[actor] = list(change.get(str(actor), mine))
+
+        def progress() -> tuple[list[str], int]:
+            p = client.get(f"/v1/jobs/{job}/progress").json()
+            return [x["split"] for x in p["splits"]], p["rows"]
+
+        for _ in range(3):
+            epoch()
+        assert progress() == (["0", "1", "2", "3"], 100)
+        with db.transaction() as s:
+            first, second = s.execute(
+                select(Actor).where(Actor.job_id == job).order_by(Actor.id)
+            ).scalars()
+            assert (first.splits, second.splits) == (["0", "1"], ["2", "3"])
+            first.splits, second.splits = ["0"], ["1", "2"]
+            change = {str(first.id): ["0"], str(second.id): ["1", "2"]}
+            barriers.enqueue_mutation(s, 1, {"splits": change})
+        epoch()  # the change's barrier: its reports still hold split 3, its commit trims it
+        assert progress() == (["0", "1", "2"], 60)
+        for _ in range(2):
+            epoch()
+        assert progress() == (["0", "1", "2"], 60)
+        with db.transaction() as s:
+            kept = s.execute(
+                text("SELECT consumed_rows FROM job_progress WHERE job_id = :j"), {"j": job}
+            ).scalar_one()
+            assert kept == 60
 
 
 def test_a_read_cut_short_by_its_limit_ends_after_its_last_message(kafka: MockKafka) -> None:

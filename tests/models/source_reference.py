@@ -8,6 +8,14 @@ states are persisted and progress (or finish) is reported, then the split change
 applied; an actor that reported finish leaves the backfill stage once every split of
 the job is ``Finished``. The forward stage only forwards and follows split changes.
 
+``table`` is the actor's part of the seed's state table: every barrier of the backfill
+stage sets the splits' states (``set_states``), and a split change trims the splits it
+drops (``trim_state``: a split change here is the seed's ``SourceChangeSplit``); a split
+new to the job in the forward stage is set ``Finished``. The seed means to trim in both
+stages, but its backfill stage extracts the dropped splits from a map it has already
+emptied (``mem::take``), so it trims nothing there and a dropped unfinished split would
+keep ``backfill_finished`` false for good; the model trims as the seed means to.
+
 Messages: ``("barrier", ModelBarrier)``, ``("upstream", split, offset)``,
 ``("backfill", split, offset)``, and two the seed lacks: ``("backfill_end", split,
 end)``, the backfill reader saw every message of the split below ``end``: past the
@@ -51,6 +59,7 @@ class ModelBarrier:
 @dataclass
 class Report:
     progress: dict[str, tuple[str, int | None, int, int | None]]
+    total: int  # the seed's total_backfilled_rows: consumed rows of the splits reported
     finished: bool
     rows: int  # backfill rows consumed in the closed epoch
     forwarding: bool  # the stage after the barrier
@@ -68,6 +77,11 @@ class SourceReference:
     epoch_rows: int = 0
     reports: list[Report] = field(default_factory=list)
     emitted: list[list[tuple[str, int]]] = field(default_factory=list)
+    table: dict[str, tuple[str, int | None, int, int | None]] = field(default_factory=dict)
+    trimmed: set[str] = field(default_factory=set)  # splits split changes dropped for good
+
+    def total_backfilled_rows(self) -> int:
+        return sum(s.consumed for s in self.states.values())
 
     def backfill_info(self, latest: dict[str, int | None]) -> None:
         """After building the reader: no data -> Finished, else the target is the latest."""
@@ -99,14 +113,16 @@ class SourceReference:
 
     def barrier(self, b: ModelBarrier) -> Report:
         progress = {k: s.as_tuple() for k, s in self.states.items()}
+        total = self.total_backfilled_rows()
         if self.forwarding:
-            report = Report(progress, True, 0, True)
+            report = Report(progress, total, True, 0, True)
         elif not self.started:
             # the first barrier passes before the stage is built: nothing to report
-            report = Report(progress, False, 0, False)
+            report = Report(progress, total, False, 0, False)
         else:
+            self.table.update(progress)  # set_states, committed with the barrier
             done = all(s.state in (FINISHED, CACHING_UP) for s in self.states.values())
-            report = Report(progress, done, self.epoch_rows, False)
+            report = Report(progress, total, done, self.epoch_rows, False)
         mutation = b.mutation or {}
         assignment = (mutation.get("splits") or {}).get(str(self.actor_id))
         if assignment is not None:
@@ -140,6 +156,12 @@ class SourceReference:
                 new[split] = SplitRef(c.state, c.offset, c.consumed, c.target)
             else:
                 new[split] = SplitRef(FINISHED)  # a partition new to the job: no backfill
+                if self.forwarding:
+                    self.table[split] = new[split].as_tuple()
+        dropped = set(self.states) - set(new)
+        for split in dropped:
+            self.table.pop(split, None)  # trim_state
+        self.trimmed = (self.trimmed | dropped) - set(new)
         self.states = new
 
     def upstream(self, split: str, offset: int) -> bool:

@@ -4,17 +4,20 @@ Random topics (1-4 partitions, offsets with holes, some empty) that grow over ti
 shared source that passes a random number of offsets per epoch (and skips a few that
 compaction removed after the backfill could read them), random read sizes (reads that
 stop early, Spark-style summaries), rate limits, pause/resume/throttle, a crash and
-recovery from committed progress, and split changes: a partition added mid-way, one
+recovery from committed progress, and split changes: a partition added mid-way, some
 dropped, one migrated in from a second actor with its committed state. The executor is
 driven through its epoch API, the model with the same rows one at a time; at every
 barrier both report the same progress, rows, finish flag and stage, and every epoch
-emits the same rows. A final drain lets every split finish; then each offset the
-source passed was emitted exactly once (over both actors).
+emits the same rows. Progress and totals cover the splits the actor owns, never a
+dropped one; the job's progress kept as the meta keeps it (the reports, less the splits
+no actor owns) agrees with the seed's trimmed state table. A final drain lets every
+split finish; then each offset the source passed was emitted exactly once (over both
+actors).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import pytest
@@ -22,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from backfill_core.epoch import EpochPair
-from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
+from backfill_core.executors.messages import Barrier, BarrierKind, Mutation, ReadProvenanceError
 from backfill_core.executors.source import (
     OffsetRead,
     Phase,
@@ -157,6 +160,8 @@ class Side:
         for s, end in ends.items():
             self.model.source_end(s, end)
         assert tuples(progress_of(out)) == report.progress
+        assert sum(r["num_consumed_rows"] for r in out.progress["splits"]) == report.total
+        assert self.impl.total_rows == self.model.total_backfilled_rows()
         assert [r["split"] for r in out.progress["splits"]] == sorted(report.progress, key=int)
         assert (out.rows, out.finished) == (report.rows, report.finished)
         assert (self.impl.phase is Phase.FORWARDING) == report.forwarding
@@ -276,7 +281,9 @@ class Job:
             self.topic.create(s, gaps, passed, draw(MARKERS, label="tail gap"))
             self.stalled[s] = draw(st.integers(0, 4))  # lets the backfill get ahead
         self.owner = {s: ACTOR for s in own}
-        self.dropped = draw(st.sampled_from(own)) if self.drop_at else None
+        self.dropped: set[str] = set()
+        if self.drop_at:
+            self.dropped = set(draw(st.lists(st.sampled_from(own), min_size=1, unique=True)))
         self.actor = new_side(
             ACTOR,
             self.topic,
@@ -292,6 +299,8 @@ class Job:
                 OTHER_ACTOR, self.topic, [self.migrated], rate_limit=rate, checked=False
             )
         self.other_progress: dict[str, SplitProgress] = {}  # as the other actor last reported
+        # the job's progress as the meta keeps it: every report, less the splits no actor owns
+        self.kept: dict[str, SplitProgress] = {}
         self.prev, self.kind = epoch(0), BarrierKind.INITIAL
         self.positions: dict[int, dict[str, int]] = {}  # the source's, before epoch i
 
@@ -342,6 +351,7 @@ class Job:
         if self.other is not None:
             assert self.other.last is not None
             self.other_progress = progress_of(self.other.last)
+        self._check_only_current_splits()
         self.prev, self.kind = epoch(i), BarrierKind.CHECKPOINT
 
         for side in self.sides():
@@ -351,12 +361,33 @@ class Job:
                 allowance = draw(st.one_of(st.just(1_000), st.integers(0, 8)))
                 side.work(topic, self.data, allowance, draw(st.integers(1, 5)), ALL_MODES)
 
+    def _check_only_current_splits(self) -> None:
+        """After a barrier: the actor's progress and total cover the splits it owns now,
+        never one a split change dropped; the progress kept for the job agrees with the
+        seed's state table, trimmed of the dropped splits."""
+        impl, model = self.actor.impl, self.actor.model
+        mine = {s for s, a in self.owner.items() if a == ACTOR}
+        assert set(impl.progress) == mine
+        assert impl.total_rows == sum(p.num_consumed_rows for p in impl.progress.values())
+        for side in self.sides():
+            assert side.last is not None
+            self.kept.update(progress_of(side.last))
+        for s in set(self.kept) - set(self.owner):
+            del self.kept[s]
+        if model is None:
+            return
+        assert set(model.states) == mine
+        assert not model.trimmed & (set(model.table) | set(self.kept) | mine)
+        for s in model.table.keys() & self.kept.keys():
+            assert as_ref(self.kept[s]).as_tuple() == model.table[s], s
+
     def _split_change(self, i: int) -> dict[str, list[str]]:
         assignment: dict[str, list[str]] = {}
         if i == self.add_at:
             self.owner[self.new_split] = ACTOR
-        if i == self.drop_at and self.dropped is not None:
-            del self.owner[self.dropped]
+        if i == self.drop_at:
+            for s in self.dropped:
+                del self.owner[s]
         if i == self.migrate_at:
             self.owner[self.migrated] = ACTOR
             assignment[str(OTHER_ACTOR)] = []
@@ -403,7 +434,7 @@ class Job:
         """Every offset the source passed was emitted once, over both actors (a dropped
         split went to an actor not simulated; compacted offsets only if backfilled)."""
         for s, offsets in self.topic.offsets.items():
-            if s == self.dropped:
+            if s in self.dropped:
                 continue
             got = [o for side in self.sides() for rows in side.emitted.values() for x, o in rows
                    if x == s]  # fmt: skip
@@ -488,7 +519,8 @@ def test_the_source_meeting_the_backfilled_offset_finishes_the_split() -> None:
     ex = SourceBackfill(1, ["0"])
     ex.on_backfill_info({"0": 9})
     ex.on_barrier(barrier(1), [])
-    assert ex.on_backfill_rows(OffsetRead("0", None, 9, 3), [0, 1, 2]) == 3  # Backfilling(2)
+    read = OffsetRead("0", epoch(1), None, 9, 3)
+    assert ex.on_backfill_rows(read, [0, 1, 2]) == 3  # Backfilling(2)
     out = ex.on_barrier(barrier(2), [("0", 2), ("0", 3)])  # the source had passed 0, 1
     assert out.emit == [1] and state(ex) == (SplitState.FINISHED, None)
     assert ex.next_reads(10) == []
@@ -579,3 +611,73 @@ def test_finish_is_reported_early_but_the_stage_waits_for_every_actor() -> None:
             [],
             committed={"2": SplitProgress(SplitState.BACKFILLING, 7)},
         )
+
+
+def test_a_split_change_dropping_a_split_trims_its_progress() -> None:
+    ex = SourceBackfill(1, ["0", "1", "2"])
+    ex.on_backfill_info({"0": 9, "1": 9, "2": 9})
+    ex.on_barrier(barrier(1), [])
+    for read in ex.next_reads(6):
+        ex.on_backfill_rows(read, [0, 1])
+    assert ex.total_rows == 6
+    # the report closes the epoch the splits were still owned in
+    out = ex.on_barrier(barrier(2, splits={"1": ["0"]}), [])
+    assert [r["split"] for r in out.progress["splits"]] == ["0", "1", "2"]
+    assert set(ex.progress) == {"0"} and ex.total_rows == 2
+    assert [r.split for r in ex.next_reads(6)] == ["0"]
+    out = ex.on_barrier(barrier(3), [])
+    assert [r["split"] for r in out.progress["splits"]] == ["0"]
+    assert sum(r["num_consumed_rows"] for r in out.progress["splits"]) == 2
+    assert [r["split"] for r in ex.report()["splits"]] == ["0"]
+    with pytest.raises(ValueError, match="not owned"):
+        ex.on_barrier(barrier(4), [("1", 2)])
+    # a dropped split given back is new to the job: nothing of its old progress returns
+    ex.on_barrier(barrier(4, splits={"1": ["0", "1"]}), [])
+    assert ex.progress["1"] == SplitProgress(SplitState.FINISHED) and ex.total_rows == 2
+
+
+def _reading_two_splits() -> tuple[SourceBackfill, OffsetRead]:
+    """Splits 0 and 1 read from offset 2 on in epoch 2; the read of split 0 planned."""
+    ex = SourceBackfill(1, ["0", "1"])
+    ex.on_backfill_info({"0": 9, "1": 9})
+    ex.on_barrier(barrier(1), [])
+    for read in ex.next_reads(4):
+        ex.on_backfill_rows(read, [0, 1])
+    ex.on_barrier(barrier(2), [])
+    first = ex.next_reads(4)[0]
+    assert (first.split, first.epoch, first.start, first.target) == ("0", epoch(2), 2, 9)
+    return ex, first
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [
+        {"epoch": epoch(1)},  # planned in the epoch before, accounted after its barrier
+        {"epoch": epoch(3)},  # planned for an epoch not open yet
+        {"start": None},  # from the split's beginning, not where it stands
+        {"start": 5},  # from past where it stands
+        {"target": 4},  # up to a target the split no longer has
+    ],
+)
+def test_a_read_from_another_epoch_or_position_is_refused(stale: dict[str, Any]) -> None:
+    ex, planned = _reading_two_splits()
+    read = replace(planned, **stale)
+    before = dict(ex.progress)
+    with pytest.raises(ReadProvenanceError):
+        ex.on_backfill_rows(read, [5, 6])
+    with pytest.raises(ReadProvenanceError):
+        ex.on_backfill_summary(read, 2, 6, 2)
+    assert ex.progress == before and ex.epoch_rows == 0
+    assert ex.on_backfill_rows(planned, [2, 3]) == 2  # the read as planned is accounted
+
+
+def test_a_read_of_a_split_the_actor_no_longer_owns_is_refused() -> None:
+    ex, _ = _reading_two_splits()
+    (read,) = [r for r in ex.next_reads(4) if r.split == "1"]
+    ex.on_barrier(barrier(3, splits={"1": ["0"]}), [])
+    moved = replace(read, epoch=epoch(3))  # even with the open epoch: no longer its split
+    with pytest.raises(ReadProvenanceError):
+        ex.on_backfill_rows(moved, [2, 3])
+    with pytest.raises(ReadProvenanceError):
+        ex.on_backfill_summary(moved, 2, 3, 2)
+    assert set(ex.progress) == {"0"} and ex.epoch_rows == 0
