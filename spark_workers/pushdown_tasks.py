@@ -126,9 +126,9 @@ def _freeze_imports() -> None:
         gc.freeze()
 
 
-# one process per branch keeps each vnode's rows in key order, and the branches run in
-# order (a batch's limit counts them so); the rows read are kept once for the write and
-# the summary: in memory
+# one process per branch keeps each vnode's rows in key order (any order of the branches
+# would do: ``flow.account_batch``); the rows read are kept once for the write and the
+# summary: in memory
 _STATEMENT_SETTINGS = "SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL work_mem = '64MB'"
 
 

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from backfill_core.executors.messages import SnapshotBatchRead
+from spark_workers.spark_path import job_epochs
 
 if TYPE_CHECKING:
     from spark_workers.actors import ActorRunner
@@ -106,10 +107,7 @@ class RoundsJob:
 
     def _epochs(self) -> tuple[int, int]:
         """(read, write) epochs of the rounds now: the runners' snapshot and open epochs."""
-        epochs = {(r.executor.snapshot_epoch, r.executor.open_epoch) for r in self.runners}
-        if len(epochs) != 1:
-            raise RuntimeError(f"the actors of one Spark job are at epochs {sorted(epochs)}")
-        return epochs.pop()
+        return job_epochs(self.runners)
 
     def _run(self, plan: str) -> None:
         from spark_workers.pushdown_tasks import run_group

@@ -3,11 +3,11 @@ vnode the worker's actors still read and writes the MV rows, parallel over vnode
 
 The executors decide the reads and account for them from the per-vnode summaries the
 job sends back, exactly as if the rows had passed through the driver: when the view
-has a SQL form, groups of vnodes each read vnode after vnode under one limit
-(``next_batch_reads`` / ``on_batch_summary``), run inside Postgres; otherwise one read
-per vnode sharing the row budget (``next_spread_read`` / ``on_read_summary``), the
-filter and projection run inside the Spark tasks with the same ``View`` as the driver
-path and the reference model.
+has a SQL form, groups of vnodes each read under one limit (``next_batch_reads`` /
+``on_batch_summary``), run inside Postgres; otherwise one read per vnode sharing the
+row budget (``next_spread_read`` / ``on_read_summary``), the filter and projection run
+inside the Spark tasks with the same ``View`` as the driver path and the reference
+model.
 
 Source backfill (``_run_source_job``) works the same way over Kafka: the executor's
 ``next_reads`` become offset ranges (one per split, up to its target), Spark tasks read
@@ -209,8 +209,9 @@ class SparkPath:
     def _run_job(self, runners: list[ActorRunner], max_rows: int) -> int:
         share = max(1, max_rows // len(runners))
         first = runners[0]
+        read_epoch, _ = job_epochs(runners)  # one plan, one pair of epochs for all
         if self.pushdown and has_sql_form(first.job_filter, first.upstream.schema):
-            return self._run_batches(runners, share)
+            return self._run_batches(runners, share, read_epoch)
         reads: list[tuple[ActorRunner, SnapshotRead]] = [
             (r, read) for r in runners for read in r.executor.next_spread_read(share)
         ]
@@ -226,7 +227,7 @@ class SparkPath:
         plan = self.plan_of(first, parts) | {
             "upstream_table": first.upstream.name,
             "upstream_schema": first.upstream.schema.to_json(),
-            "read_epoch": first.executor.snapshot_epoch,
+            "read_epoch": read_epoch,
         }
         got = self._moved_through_spark(spark, json.dumps(plan))
         self.jobs += 1
@@ -237,11 +238,12 @@ class SparkPath:
             total += int(count)
         return total
 
-    def _run_batches(self, runners: list[ActorRunner], share: int) -> int:
+    def _run_batches(self, runners: list[ActorRunner], share: int, read_epoch: int) -> int:
         """The reads run inside Postgres (the view has a SQL form): each actor's vnodes in
-        groups, each group read whole vnode after whole vnode under its share of the rows
-        (``next_batch_reads``), one statement per group, which one Spark task per core
-        take one at a time from the job's work queue (``pushdown_tasks``).
+        groups, each group read under its share of the rows, whole vnodes one after the
+        other as Postgres runs it (``next_batch_reads``), one statement per group, which
+        one Spark task per core take one at a time from the job's work queue
+        (``pushdown_tasks``).
 
         Whole vnodes, where spread reads take a little of every vnode: a statement's rows
         then go to a few places of the MV's key index, each a vnode of its own, where a
@@ -262,7 +264,7 @@ class SparkPath:
         if not batches:
             return 0
         queue = uuid.uuid4().hex
-        plan = self.pushdown_plan(batches, queue, runners[0].executor.snapshot_epoch)
+        plan = self.pushdown_plan(batches, queue, read_epoch)
         self.queue_statement("INSERT INTO work_queues (token) VALUES (%s)", queue)
         try:
             got = self._pushed_down(spark, json.dumps(plan), min(len(batches), cores))
@@ -346,6 +348,20 @@ class SparkPath:
             if os.path.exists(summary_path):
                 os.unlink(summary_path)
         return {int(v): (int(n), last) for v, (n, last) in summary["vnodes"].items()}
+
+
+class ActorEpochsDiffer(RuntimeError):
+    """The actors of one Spark job are at different epochs, where its plan reads and
+    writes at one pair: the worker reports it as a failure (the graph recovers)."""
+
+
+def job_epochs(runners: Sequence[ActorRunner]) -> tuple[int, int]:
+    """The (read, write) epochs of one Spark job over ``runners`` (actors of one job):
+    their snapshot and open epochs, which must be the same for every one of them."""
+    epochs = {(r.executor.snapshot_epoch, r.executor.open_epoch) for r in runners}
+    if len(epochs) != 1:
+        raise ActorEpochsDiffer(f"the actors of one Spark job are at epochs {sorted(epochs)}")
+    return epochs.pop()
 
 
 # a job's work queue goes after it, with any that a driver which died mid-job left

@@ -52,10 +52,9 @@ def write_view(
     keeps (projected to the MV's columns) at ``write_epoch``; per vnode that had rows,
     ``(rows read, last pk read)``. Runs in the caller's transaction (fence it first).
 
-    With ``limit``, the reads run one after the other until ``limit`` rows are read in
-    all (a batch read: whole vnodes one after the other). They must then come as
-    ``_padded`` orders them, those from a position first, so that they run in the
-    order the caller accounts for them.
+    With ``limit``, the reads stop once ``limit`` rows are read in all (a batch read,
+    ``SnapshotBatchRead``): in whatever order the branches run, each vnode's rows are
+    its first after its position, which is all its accounting assumes.
 
     The last write of a key in an epoch wins, as with ``VersionedTable.write``: a key
     the MV already has at ``write_epoch`` is updated (a savepoint retries the insert as
@@ -70,9 +69,6 @@ def write_view(
     if not reads:
         return {}
     limited = limit is not None
-    fresh = [a is None for _, a, _ in reads]
-    if limited and fresh != sorted(fresh):
-        raise ValueError("a batch read's reads from a position must come first")
     reads = _padded(reads)
     params = [*upstream.snapshot_params(read_epoch, reads), *([limit] if limited else [])]
     params.append(write_epoch)
@@ -140,7 +136,7 @@ def _statement(
 
     select, _ = upstream.snapshot_reads_query(0, reads, param=param)
     if limited:
-        # the branches of a UNION ALL run in order, and stop at the limit
+        # in any order of the branches (account_batch needs none), the limit of them all
         select = sql.SQL("SELECT * FROM ({}) u LIMIT {}").format(select, param())
     pk = upstream.schema.primary_key
     mv_values = [c.name for c in mv.schema.value_columns]

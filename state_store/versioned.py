@@ -405,10 +405,12 @@ class VersionedTable:
     def snapshot_multi(
         self, cur: Any, epoch: int, starts: Sequence[tuple[int, Row | None]], limit: int
     ) -> list[tuple[int, Row]]:
-        """Read vnodes one after the other (each after its pk) with one shared row limit.
+        """Read vnodes (each after its pk) with one shared row limit: a ``SnapshotBatchRead``.
 
         One round trip for what would be one query per vnode: the branches of a
-        ``UNION ALL`` run in order and stop at the limit.
+        ``UNION ALL``, each a vnode's rows in key order up to the limit, and the limit of
+        them all. Postgres promises no order of the branches (a parallel append
+        interleaves them); the accounting (``flow.account_batch``) needs none.
         """
         if not starts:
             return []

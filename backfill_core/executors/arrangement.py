@@ -242,9 +242,9 @@ class ArrangementBackfill:
         )
 
     def next_batch_reads(self, max_rows: int, parts: int) -> list[SnapshotBatchRead]:
-        """The vnodes still to read this epoch in up to ``parts`` groups, each read vnode
-        after vnode under its share of ``max_rows`` (and the budget); the groups are
-        independent and may run in parallel. Each is accounted with ``on_batch_summary``.
+        """The vnodes still to read this epoch in up to ``parts`` groups, each read under
+        one limit, its share of ``max_rows`` (and the budget); the groups are independent
+        and may run in parallel. Each is accounted with ``on_batch_summary``.
         """
         first = self.next_read(max_rows)
         if first is None:
@@ -262,7 +262,7 @@ class ArrangementBackfill:
         return account_batch(read, summary, self.on_read_summary)
 
     def next_batch_read(self, max_rows: int) -> SnapshotBatchRead | None:
-        """All vnodes still to read this epoch, in order, under one row limit."""
+        """All vnodes still to read this epoch under one row limit."""
         first = self.next_read(max_rows)
         if first is None:
             return None
@@ -272,15 +272,10 @@ class ArrangementBackfill:
         return SnapshotBatchRead(self.snapshot_epoch, starts, first.limit)
 
     def on_batch_rows(self, read: SnapshotBatchRead, rows: Sequence[tuple[int, Row]]) -> list[Row]:
-        """Account for a batch read exactly as for the single reads it stands for."""
-        order = {v: i for i, (v, _) in enumerate(read.starts)}
+        """Account for a batch read from its rows: each vnode's in key order, the vnodes'
+        in any order or interleaved (``account_batch``)."""
         groups: dict[int, list[Row]] = {}
-        last = -1
         for v, row in rows:
-            pos = order.get(v)
-            if pos is None or pos < last:
-                raise ValueError("batch read rows are not in the order of the request")
-            last = pos
             groups.setdefault(v, []).append(row)
         self.on_batch_summary(read, {v: (len(g), self.pk_of(g[-1])) for v, g in groups.items()})
         return [row for v, _ in read.starts for row in groups.get(v, [])]

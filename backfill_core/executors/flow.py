@@ -1,5 +1,5 @@
 """Snapshot-read pacing shared by the executors: rate-limit mutations, the spread of
-one row budget over vnodes (or over groups of vnodes read one after the other), and the
+one row budget over vnodes (or over groups of vnodes read under one limit), and the
 checks on a read's summary."""
 
 from __future__ import annotations
@@ -55,13 +55,14 @@ def split_batches(
     epoch: int,
     position: Callable[[int], Row | None],
 ) -> list[SnapshotBatchRead]:
-    """``pending`` vnodes in up to ``parts`` contiguous groups, each read vnode after
-    vnode under its share of ``total`` rows (the first groups take the remainder).
+    """``pending`` vnodes in up to ``parts`` contiguous groups, each read under its share
+    of ``total`` rows (the first groups take the remainder).
 
     Within a group the vnodes that have a position come first, then those not started,
-    each in vnode order: a group goes on where it stopped before it starts a vnode.
-    Reading whole vnodes one after the other, where spread reads take a little of
-    every vnode, keeps each vnode's rows together in the MV's key index.
+    each in vnode order: Postgres runs a plain ``Append`` in that order, so a group goes
+    on where it stopped before it starts a vnode, and reads whole vnodes one after the
+    other, which, where spread reads take a little of every vnode, keeps each vnode's
+    rows together in the MV's key index. The accounting does not count on that order.
     """
     n = min(parts, len(pending), total)
     if n <= 0:
@@ -83,22 +84,24 @@ def account_batch(
     on_read_summary: Callable[[SnapshotRead, int, Row | None], None],
 ) -> int:
     """Account for a batch read from its per-vnode summary ``(rows read, last key)``, as
-    for the single reads it stands for: each vnode of ``read.starts`` in turn, limited
-    to what the vnodes before it left of the batch's limit. Returns the rows read."""
+    for one read per vnode, whatever order its branches ran in: Postgres promises none
+    of an ``Append`` (a parallel one interleaves them). Each vnode's rows are the first
+    of its own after its position, its last key is its own; but a vnode that returned
+    fewer rows than the limit may have been cut short by the shared limit, after any
+    other vnode's rows. Returns the rows read."""
     unknown = set(summary) - {v for v, _ in read.starts}
     if unknown:
         raise ValueError(f"a batch read summarized vnodes it does not read: {sorted(unknown)}")
-    remaining = read.limit
+    total = sum(count for count, _ in summary.values())
+    if total > read.limit:
+        raise ValueError("a batch read returned more rows than asked for")
+    limit_hit = total == read.limit
     for v, after in read.starts:
         count, last = summary.get(v, (0, None))
-        if remaining <= 0:
-            if count:
-                raise ValueError("a batch read returned more rows than asked for")
-            continue
-        # checks count <= remaining
-        on_read_summary(SnapshotRead(v, read.epoch, after, remaining), count, last)
-        remaining -= count
-    return read.limit - remaining
+        # ends show only where the shared limit stopped no branch (each has the limit)
+        limit = count if limit_hit else read.limit
+        on_read_summary(SnapshotRead(v, read.epoch, after, limit), count, last)
+    return total
 
 
 def check_summary(read: SnapshotRead, count: int, last_pos: Row | None) -> None:
@@ -211,8 +214,8 @@ class FixedSnapshotReads:
         )
 
     def next_batch_reads(self, max_rows: int, parts: int) -> list[SnapshotBatchRead]:
-        """The vnodes still to read in up to ``parts`` groups, each read vnode after vnode
-        under its share of ``max_rows`` (and the budget); the groups are independent and
+        """The vnodes still to read in up to ``parts`` groups, each read under one limit,
+        its share of ``max_rows`` (and the budget); the groups are independent and
         may run in parallel. Each is accounted with ``on_batch_summary``."""
         first = self.next_read(max_rows)
         if first is None:

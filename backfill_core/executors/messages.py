@@ -85,14 +85,13 @@ class SnapshotRead:
 
 @dataclass(frozen=True, slots=True)
 class SnapshotBatchRead:
-    """Several vnodes read in order with one shared row limit (one round trip).
-
-    Equivalent to reading each vnode of ``starts`` to its end, one after the other,
-    until ``limit`` rows are read: the same rows the single reads would return.
+    """Several vnodes read with one shared row limit (one round trip): each vnode's
+    first rows after its position, ``limit`` rows at most in all, the vnodes read in any
+    order or interleaved (``flow.account_batch`` accounts for them so).
     """
 
     epoch: int
-    starts: tuple[tuple[int, Row | None], ...]  # (vnode, after pk) in read order
+    starts: tuple[tuple[int, Row | None], ...]  # (vnode, after pk), the order preferred
     limit: int
 
 

@@ -3,13 +3,15 @@ vnodes, evenly spaced epochs, an in-memory store, and random mutations."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import strategies as st
 
 from backfill_core.changes import Version
-from backfill_core.executors.messages import SnapshotRead
+from backfill_core.executors.messages import SnapshotBatchRead, SnapshotRead
 from tests.kit.store_model import StoreModel
 
 VNODES = 4
@@ -52,48 +54,77 @@ mutations = st.one_of(
     st.builds(lambda r: {"throttle": {str(ACTOR): r}}, st.one_of(st.none(), st.integers(0, 60))),
 )
 
+
+@dataclass(frozen=True)
+class Batches:
+    """Snapshot reads in ``parts`` groups of vnodes, each under one limit (the Spark
+    path's pushed-down tasks), whose branches Postgres runs in an order of its own:
+    each next row comes from the branch ``picks`` names (cycled), an index among those
+    with rows left. No picks: the branches in order."""
+
+    parts: int
+    picks: tuple[int, ...] = ()
+
+
 # how an epoch's snapshot reads go: "single" (one vnode at a time, the driver path),
-# "spread" (one read per vnode, the Spark path moving rows) or a number of groups of
-# vnodes each read vnode after vnode under one limit (the Spark path's pushed-down tasks)
-read_modes = st.one_of(st.just("single"), st.just("spread"), st.integers(1, 3))
+# "spread" (one read per vnode, the Spark path moving rows) or ``Batches``
+read_modes = st.one_of(
+    st.just("single"),
+    st.just("spread"),
+    st.builds(Batches, st.integers(1, 3), st.lists(st.integers(0, 3), max_size=8).map(tuple)),
+)
+
+
+def serve_batch(
+    batch: SnapshotBatchRead, rows_of: Callable[[SnapshotRead], list[Any]], picks: tuple[int, ...]
+) -> list[tuple[int, Any]]:
+    """``(vnode, row)`` as Postgres may return a batch read: its branches (each a vnode's
+    rows after its position, up to the batch's limit) interleaved as ``picks`` say,
+    until the limit of them all."""
+    branches = [
+        (v, deque(rows_of(SnapshotRead(v, batch.epoch, after, batch.limit))))
+        for v, after in batch.starts
+    ]
+    out: list[tuple[int, Any]] = []
+    while len(out) < batch.limit and (live := [b for b in branches if b[1]]):
+        v, rows = live[picks[len(out) % len(picks)] % len(live)] if picks else live[0]
+        out.append((v, rows.popleft()))
+    return out
 
 
 def read_batches(
     impl: Any,
     model_read: Callable[[int], Any],
     rows_of: Callable[[SnapshotRead], list[Any]],
-    sizes: tuple[int, int, int],
+    sizes: tuple[int, int, Batches],
     mvs: tuple[StoreModel, StoreModel, int],
 ) -> int:
-    """Batch reads of the open epoch, ``sizes`` = (rows that fit, read chunk, groups),
-    until those rows are read or none are left to read. The implementation accounts for
-    each batch from its per-vnode summary (rows read, last key), as from a Spark task;
-    the model replays the plan (which vnodes, in which order, how many rows in all) row
-    by row and finds positions and ends itself. The rows go to ``mvs`` = (the
-    implementation's MV, the model's MV, the model's write epoch). Returns the rows the
-    implementation read."""
-    left, chunk, parts = sizes
+    """Batch reads of the open epoch, ``sizes`` = (rows that fit, read chunk, how the
+    batches go), until those rows are read or none are left to read. Each batch's
+    branches run interleaved; the implementation accounts for it from its per-vnode
+    summary (rows read, last key), as from a Spark task. The model replays the rows'
+    vnodes in the order they came, row by row, and finds positions itself; it looks for
+    the ends of the batch's vnodes only where the runtime could see them, when the
+    batch read less than its limit (then every branch ran to its end). The rows go to
+    ``mvs`` = (the implementation's MV, the model's MV, the model's write epoch).
+    Returns the rows the implementation read."""
+    left, chunk, mode = sizes
     impl_rows: list[Any] = []
     model_rows: list[Any] = []
-    while left > 0 and (batches := impl.next_batch_reads(min(chunk * 3, left), parts)):
+    while left > 0 and (batches := impl.next_batch_reads(min(chunk * 3, left), mode.parts)):
         for batch in batches:
-            remaining = batch.limit
-            summary = {}
-            for v, after in batch.starts:
-                if remaining <= 0:
-                    break
-                rows = rows_of(SnapshotRead(v, batch.epoch, after, remaining))
-                if rows:
-                    summary[v] = (len(rows), key_of(rows[-1]))
-                impl_rows += rows
-                remaining -= len(rows)
-            assert impl.on_batch_summary(batch, summary) == batch.limit - remaining
-            left -= batch.limit - remaining
-            remaining = batch.limit
-            for v, _ in batch.starts:
-                while remaining > 0 and (row := model_read(v)) is not None:
+            served = serve_batch(batch, rows_of, mode.picks)
+            summary = {v: (sum(1 for u, _ in served if u == v), key_of(r)) for v, r in served}
+            assert impl.on_batch_summary(batch, summary) == len(served)
+            impl_rows += [r for _, r in served]
+            left -= len(served)
+            for v, _ in served:
+                if (row := model_read(v)) is not None:
                     model_rows.append(row)
-                    remaining -= 1
+            if len(served) < batch.limit:
+                for v, _ in batch.starts:
+                    while (row := model_read(v)) is not None:  # none: the vnode ended
+                        model_rows.append(row)
     impl_mv, model_mv, model_epoch = mvs
     impl_mv.write(impl.open_epoch, [Version(r) for r in impl_rows])
     model_mv.write(model_epoch, [Version(r) for r in model_rows])

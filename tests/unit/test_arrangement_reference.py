@@ -31,6 +31,7 @@ from backfill_core.executors.messages import (
 from tests.kit.executors import (
     ACTOR,
     VNODES,
+    Batches,
     epoch,
     epoch_histories,
     in_vnodes,
@@ -103,7 +104,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
         for v, r in snap_rows:
             by_vnode.setdefault(v, []).append(r)
         left = allowance
-        if isinstance(reads, int):
+        if isinstance(reads, Batches):
             model_read = functools.partial(model.read_one_from, snapshot=by_vnode)
             mvs = (impl_mv, model_mv, e)
             read_batches(impl, model_read, rows_of, (left, chunk, reads), mvs)

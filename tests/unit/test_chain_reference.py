@@ -34,6 +34,7 @@ from backfill_core.executors.messages import (
 from tests.kit.executors import (
     ACTOR,
     VNODES,
+    Batches,
     epoch,
     epoch_histories,
     in_vnodes,
@@ -131,7 +132,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
         # snapshot reads of the open epoch
         read_rows = 0
         left = allowance
-        if isinstance(reads, int):
+        if isinstance(reads, Batches):
             model_read = functools.partial(model.read_one_from, snapshot=by_vnode)
             mvs = (impl_mv, model_mv, e)
             read_rows += read_batches(impl, model_read, rows_of, (left, chunk, reads), mvs)

@@ -43,6 +43,7 @@ from tests.kit.executors import (
     ACTOR,
     SPACING_MS,
     VNODES,
+    Batches,
     epoch,
     in_vnodes,
     key_of,
@@ -206,7 +207,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
         # snapshot reads of the open (fake) epoch
         read_rows = 0
         left = allowance
-        if isinstance(reads, int):
+        if isinstance(reads, Batches):
             read_rows += read_batches(
                 impl,
                 model.read_one_from,
