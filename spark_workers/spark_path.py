@@ -119,14 +119,16 @@ class SparkPath:
         """Read up to ``max_rows`` per job for these actors; returns the rows read."""
         from spark_workers.source_actor import SourceRunner
 
-        by_job: dict[int, list[ActorRunner]] = defaultdict(list)
+        # one Spark job per backfill job and pair of epochs: actors of one job handle a
+        # poll's barriers one after another, so they can be an epoch apart for a moment
+        by_job: dict[tuple[int, int, int], list[ActorRunner]] = defaultdict(list)
         sources: dict[tuple[int, int, int, int], list[SourceRunner]] = defaultdict(list)
         for r in runners:
             if isinstance(r, SourceRunner):
                 key = (r.job_id, r.graph_id, r.recovery_seq, r.executor.open_epoch)
                 sources[key].append(r)
             else:
-                by_job[r.job_id].append(r)
+                by_job[(r.job_id, r.executor.snapshot_epoch, r.executor.open_epoch)].append(r)
         total = 0
         for group in by_job.values():
             total += self._run_job(group, max_rows)

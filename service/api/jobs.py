@@ -13,7 +13,7 @@ from service.api.conditional import NOT_MODIFIED, conditional
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
-from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
+from service.api.limits import MAX_BIGINT, MAX_INT32, STRICT, RequestBody
 from service.catalog import idempotency, jobs
 from service.catalog import verify as verification
 from service.catalog.models import Job
@@ -29,7 +29,7 @@ FOREGROUND_MIN_GAP_S = 0.01  # between re-reads: collects of many actors land in
 
 
 class Upstream(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     table: str | None = Field(default=None, max_length=63, description="a table or a view")
     source: str | None = Field(default=None, max_length=63, description="a Kafka source")
 

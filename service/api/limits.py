@@ -59,8 +59,13 @@ def check_text(data: Any) -> None:
             todo.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
 
 
+# request bodies and their parts take JSON's types as the schema publishes them: no
+# true for an integer, no 0 for a boolean, no number for a string
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+
 class RequestBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     @model_validator(mode="before")
     @classmethod

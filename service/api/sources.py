@@ -12,7 +12,7 @@ from backfill_core.schema import Column, SchemaError, parse_type
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
-from service.api.limits import MAX_INT32, RequestBody
+from service.api.limits import MAX_INT32, STRICT, RequestBody
 from service.api.tables import ColumnSpec
 from service.catalog import sources
 from service.catalog.models import Source
@@ -24,7 +24,7 @@ Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 
 
 class KafkaSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     bootstrap_servers: str = Field(max_length=1000, examples=["kafka:9092"])
     topic: str = Field(max_length=249, examples=["orders"])
     properties: dict[str, str] | None = Field(

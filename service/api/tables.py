@@ -12,7 +12,7 @@ from backfill_core.schema import Column, SchemaError, TableSchema, parse_type
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
-from service.api.limits import MAX_BIGINT, RequestBody
+from service.api.limits import MAX_BIGINT, STRICT, RequestBody
 from service.catalog import tables
 from service.catalog.models import Relation
 from service.context import ServiceContext
@@ -28,7 +28,7 @@ WAIT_TIMEOUT_S = 30.0
 
 
 class ColumnSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     name: str = Field(max_length=63)
     type: str = Field(max_length=40, examples=["bigint"])
     nullable: bool = True
@@ -72,7 +72,7 @@ class TableList(BaseModel):
 
 
 class DmlOpSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     op: Literal["insert", "update", "delete"]
     row: dict[str, Any]
 

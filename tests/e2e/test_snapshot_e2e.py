@@ -161,13 +161,15 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
             wait_for(lambda: writer.batches >= done + 5, what="writes while the job is down")
             start_worker("heir")
             wait_for(lambda: progress(http, job)["rows"] > 8_000, what="the heir reading")
-            # garbage collection has run, up to the job's pin and no further
+            # held still (rate 0), the job cannot finish: garbage collection runs up to its
+            # pin and no further
+            r = http.patch(f"/v1/jobs/{job}", json={"rate_limit": 0})
+            assert r.status_code == 200, r.text
             snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
             wait_for(lambda: gc_epoch(db, "orders") > 0, what="a garbage collection")
-            collected = gc_epoch(db, "orders")  # read before the state: the pin held then
-            if http.get(f"/v1/jobs/{job}").json()["state"] == "creating":
-                assert collected <= snapshot_epoch
-            r = http.patch(f"/v1/jobs/{job}", json={"parallelism": 3})
+            assert http.get(f"/v1/jobs/{job}").json()["state"] == "creating"
+            assert gc_epoch(db, "orders") <= snapshot_epoch
+            r = http.patch(f"/v1/jobs/{job}", json={"parallelism": 3, "rate_limit": None})
             assert r.status_code == 200, r.text
             # the control plane goes away and comes back on the same address
             with writer.paused():

@@ -1,6 +1,7 @@
 """A Spark job reads and writes at one pair of epochs for all the actors of a job it
-serves: one whose actors are at different epochs is refused (the worker reports the
-error as a failure and the graph recovers), on the path of one epoch and in rounds."""
+serves: the path of one epoch plans a job per pair, and a plan over actors at different
+epochs is refused (the worker reports the error as a failure and the graph recovers),
+on the path of one epoch and in rounds."""
 
 from __future__ import annotations
 
@@ -36,14 +37,27 @@ def test_actors_at_one_pair_of_epochs_give_it_to_the_job() -> None:
     assert job_epochs([runner(1, [0, 1], 2), runner(2, [2, 3], 2)]) == (epoch(1), epoch(2))
 
 
-def test_the_path_of_one_epoch_refuses_actors_at_different_epochs() -> None:
+def test_the_path_of_one_epoch_plans_one_job_per_pair_of_epochs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Actors of one job handle a poll's barriers one after another: one an epoch ahead
+    gets a Spark job of its own, and a plan over both is refused before any Spark job."""
     path = SparkPath("local[1]", "postgresql://nowhere/none")
-    behind, ahead = runner(1, [0, 1], 1), runner(2, [2, 3], 2)
+    behind, ahead, also_behind = runner(1, [0], 1), runner(2, [1, 2], 2), runner(3, [3], 1)
     # each has reads to do, each at its own epochs: one plan cannot serve both
     assert behind.executor.next_read(10).epoch != ahead.executor.next_read(10).epoch
     with pytest.raises(ActorEpochsDiffer):
-        path.run_epoch([behind, ahead], 1_000)
+        path._run_job([behind, ahead], 1_000)
     assert path.jobs == 0 and path._spark is None  # refused before any Spark job
+    planned: list[list[int]] = []
+
+    def run_job(runners: list[Any], max_rows: int) -> int:
+        planned.append([r.actor_id for r in runners])
+        return 0
+
+    monkeypatch.setattr(path, "_run_job", run_job)
+    path.run_epoch([behind, ahead, also_behind], 1_000)
+    assert sorted(planned) == [[1, 3], [2]]
 
 
 def test_rounds_refuse_actors_at_different_epochs() -> None:
