@@ -25,6 +25,35 @@ hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
+# `make mutation` runs the covering tests once per mutant: a fixed, shorter example sequence
+# (HYPOTHESIS_PROFILE=mutation; the default profile is untouched)
+MUTATION_MAX_EXAMPLES = int(os.environ.get("MUTATION_MAX_EXAMPLES", "60"))
+hypothesis_settings.register_profile(
+    "mutation",
+    max_examples=MUTATION_MAX_EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    print_blob=True,
+)
+if os.environ.get("HYPOTHESIS_PROFILE") == "mutation":
+    hypothesis_settings.load_profile("mutation")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under the mutation profile, cap the examples of tests that ask for more explicitly
+    (their @settings would otherwise override the profile)."""
+    if os.environ.get("HYPOTHESIS_PROFILE") != "mutation":
+        return
+    for item in items:
+        test = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        # where @given keeps the settings it reads at each call
+        chosen = getattr(test, "_hypothesis_internal_use_settings", None)
+        if chosen is not None and chosen.max_examples > MUTATION_MAX_EXAMPLES:
+            test._hypothesis_internal_use_settings = hypothesis_settings(  # type: ignore[union-attr]
+                chosen, max_examples=MUTATION_MAX_EXAMPLES
+            )
+
 
 @pytest.fixture(scope="session")
 def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
