@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from backfill_core.changes import Row
 from backfill_core.executors.messages import (
+    Barrier,
     Mutation,
     ReadProvenanceError,
     SnapshotBatchRead,
@@ -114,6 +115,15 @@ def check_summary(read: SnapshotRead, count: int, last_pos: Row | None) -> None:
 def check_provenance(read: SnapshotRead, snapshot_epoch: int, current_pos: Row | None) -> None:
     """Refuse a snapshot read that is not the one the executor would ask for now."""
     check_planned_now(f"vnode {read.vnode}", read.epoch, snapshot_epoch, read.after, current_pos)
+
+
+def check_closes_open_epoch(started: bool, open_epoch: int, barrier: Barrier) -> None:
+    """A barrier closes the epoch the last one opened: one delivered twice would emit an
+    epoch's changes twice, one skipped would never emit them."""
+    if started and barrier.epoch.prev != open_epoch:
+        raise ValueError(
+            f"barrier closing {barrier.epoch.prev} does not close the open epoch {open_epoch}"
+        )
 
 
 def check_planned_now(

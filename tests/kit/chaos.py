@@ -36,6 +36,7 @@ import httpx
 import psycopg2
 from sqlalchemy.engine import make_url
 
+from backfill_core.vnode import even_split
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url
 from tests.kit.chaos_plan import Fault, Scenario, draw
 from tests.kit.e2e import wait_for
@@ -53,6 +54,7 @@ class Outcome:
     seed: int
     faults: list[str] = field(default_factory=list)
     checks: int = 0  # verify calls that compared a whole view and found it equal
+    mixed_rescales: int = 0  # rescales dealing an actor completed and unfinished vnodes
     seconds: float = 0.0
 
 
@@ -378,10 +380,29 @@ class Run:
             plan = self.s.jobs[fault.job % len(self.jobs)]
             assert fault.value is not None
             most = MOCK_PARTITIONS if plan.kind == "source" else 256
-            self.api(http, "PATCH", f"/v1/jobs/{job}", json={"parallelism": min(fault.value, most)})
+            parallelism = min(fault.value, most)
+            if plan.kind != "source" and self.merges_finished_and_unfinished(
+                http, job, parallelism
+            ):
+                self.outcome.mixed_rescales += 1
+            self.api(http, "PATCH", f"/v1/jobs/{job}", json={"parallelism": parallelism})
         else:
             raise AssertionError(kind)
         self.outcome.faults.append(kind)
+
+    def merges_finished_and_unfinished(
+        self, http: httpx.Client, job: int, parallelism: int
+    ) -> bool:
+        """Whether a rescale of ``job`` to ``parallelism`` now deals some actor completed
+        vnodes next to unfinished ones (as committed before it: a lower bound)."""
+        progress = self.api(http, "GET", f"/v1/jobs/{job}/progress")
+        if progress["state"] != "creating":
+            return False
+        done = ("completed", "consumed")
+        completed = {v["vnode"] for v in progress["vnodes"] if v["state"] in done}
+        return any(
+            0 < len(completed & set(share)) < len(share) for share in even_split(256, parallelism)
+        )
 
     def run(self) -> Outcome:
         started = time.monotonic()
@@ -528,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
                 outcome = run_seed(seed, url, workdir, kafka, pg.restart if pg else None)
                 faults.update(outcome.faults)
                 print(
-                    f"seed {seed}: ok, faults {outcome.faults}, {outcome.checks} exact "
+                    f"seed {seed}: ok, faults {outcome.faults}, {outcome.mixed_rescales} mixed "
+                    f"rescales, {outcome.checks} exact "
                     f"checks, {outcome.seconds:.0f} s",
                     flush=True,
                 )
