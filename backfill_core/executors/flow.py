@@ -20,12 +20,13 @@ from backfill_core.executors.messages import (
 def apply_flow_mutation(
     actor_id: int, mutation: Mutation | None, paused: bool, rate_limit: int | None
 ) -> tuple[bool, int | None]:
-    """``(paused, rate_limit)`` after a barrier's pause / resume / throttle."""
+    """``(paused, rate_limit)`` after a barrier's pause / resume / throttle: each applies
+    to the actors it names only (those of one job; its graph's other jobs go on)."""
     if mutation is None:
         return paused, rate_limit
-    if mutation.pause:
+    if actor_id in mutation.pause:
         paused = True
-    if mutation.resume:
+    if actor_id in mutation.resume:
         paused = False
     if actor_id in mutation.throttle:
         rate_limit = mutation.throttle[actor_id]

@@ -36,6 +36,7 @@ from service.catalog.models import (
     EpochPin,
     Graph,
     Job,
+    PendingMutation,
     Relation,
     VnodeProgress,
 )
@@ -200,6 +201,13 @@ def merge_caught_up(s: Session) -> list[int]:
             update(Actor)
             .where(Actor.graph_id == graph.id, Actor.last_epoch.is_(None))
             .values(graph_id=MAIN_GRAPH_ID, first_epoch=joins_at)
+        )
+        # a pause, resume or throttle of the job not injected yet names its actors only:
+        # it follows them into the main graph (the graph's deletion would drop it)
+        s.execute(
+            update(PendingMutation)
+            .where(PendingMutation.graph_id == graph.id)
+            .values(graph_id=MAIN_GRAPH_ID)
         )
         s.execute(
             update(Relation).where(Relation.id == job.mv_relation_id).values(graph_id=MAIN_GRAPH_ID)

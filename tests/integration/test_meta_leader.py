@@ -105,7 +105,8 @@ def test_a_job_created_or_steered_gets_its_barrier_without_waiting_for_the_inter
             timeout=60,
         )
         assert client.post(f"/v1/jobs/{job_id}/pause").status_code == 200
-        wait_for(lambda: {"pause": True} in mutations(), what="the pause barrier", timeout=60)
+        # the pause names the job's actors (not its graph's)
+        wait_for(lambda: {"pause": added} in mutations(), what="the pause barrier", timeout=60)
         assert client.patch(f"/v1/jobs/{job_id}", json={"rate_limit": 7}).status_code == 200
         wait_for(
             lambda: any("throttle" in m for m in mutations()),

@@ -459,7 +459,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(data: st.DataObjec
     # split (even one whose offsets end in markers) finishes its backfill, with no newer
     # message to meet (the source's end is enough)
     drain: dict[str, Any] | None = {
-        "resume": True,
+        "resume": [ACTOR, OTHER_ACTOR],
         "throttle": {str(ACTOR): None, str(OTHER_ACTOR): None},
     }
     for _ in range(3):
