@@ -36,7 +36,8 @@ import httpx
 import psycopg2
 from sqlalchemy.engine import make_url
 
-from backfill_core.vnode import even_split
+from backfill_core.schema import ColumnType
+from backfill_core.vnode import even_split, vnode_hasher
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url
 from tests.kit.chaos_plan import Fault, Scenario, draw
 from tests.kit.e2e import wait_for
@@ -159,15 +160,30 @@ def _value(rng: random.Random, type_: str) -> Any:
     return {"k": rng.randrange(10), "v": [rng.random() < 0.5, "x"]}  # jsonb
 
 
+HEAVY_VNODES = range(8)  # a skewed table's rows mostly live here, in the first actor's
+
+
+def skewed_keys(rows: int) -> list[int]:
+    """``rows`` keys, nine in ten of them hashing to ``HEAVY_VNODES`` of 256."""
+    vnode_of = vnode_hasher([ColumnType.BIGINT], 256)
+    heavy, light = [], []
+    k = 0
+    while len(heavy) < rows - rows // 10 or len(light) < rows // 10:
+        (heavy if vnode_of((k,)) in HEAVY_VNODES else light).append(k)
+        k += 1
+    return sorted(heavy[: rows - rows // 10] + light[: rows // 10])
+
+
 class Writer:
     """The scenario's DML workload, until stopped; ``paused()`` holds it during restarts."""
 
     def __init__(self, http: httpx.Client, scenario: Scenario) -> None:
         self.http, self.w = http, scenario.workload
         self.rng = random.Random(scenario.seed * 7919 + 1)
-        self.keys = list(range(self.w.rows))  # live keys, in insertion order
+        # live keys, in insertion order
+        self.keys = skewed_keys(self.w.rows) if self.w.skewed else list(range(self.w.rows))
         self.index = {k: i for i, k in enumerate(self.keys)}
-        self.next_key = self.w.rows
+        self.next_key = max(self.keys, default=-1) + 1
         self.stop = threading.Event()
         self.running = threading.Event()
         self.running.set()
@@ -335,9 +351,7 @@ class Run:
         body = {"name": TABLE, "columns": columns, "primary_key": ["id"]}
         self.api(http, "POST", "/v1/tables", json=body)
         for lo in range(0, w.rows, 2_000):
-            ops = [
-                {"op": "insert", "row": writer.row(k)} for k in range(lo, min(w.rows, lo + 2_000))
-            ]
+            ops = [{"op": "insert", "row": writer.row(k)} for k in writer.keys[lo : lo + 2_000]]
             self.api(http, "POST", f"/v1/tables/{TABLE}/dml", json={"ops": ops})
         if not w.messages:
             return None
