@@ -1,5 +1,5 @@
-"""Creating graphs (DESIGN section 6, snapshot backfill): a job's own barrier sequence,
-decoupled from the upstream, and its merge into the main graph.
+"""Creating graphs (``docs/architecture.md#snapshot-backfill``): a job's own barrier
+sequence, decoupled from the upstream, and its merge into the main graph.
 
 Phase 1 runs on *fake* epochs ``k << 16`` (far below any real epoch) while the actors
 read the snapshot at ``snapshot_epoch``. Once the committed progress shows every vnode
