@@ -203,6 +203,8 @@ class Side:
         if mode == "short" and rows:  # the consumer returned fewer rows than there are
             rows = rows[: data.draw(st.integers(0, len(rows) - 1))]
             return rows, (rows[-1] + 1 if rows else None), mode
+        if data.draw(st.booleans()):  # a reader that does not say where it got to
+            end = None
         return rows, end, mode
 
     def _account(self, read: OffsetRead, rows: list[int], end: int | None, mode: str) -> int:
