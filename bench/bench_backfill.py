@@ -95,8 +95,8 @@ def _insert_select(conn: Any) -> float:
         elapsed = time.perf_counter() - t0
     # as the loaded tables: vacuumed once written, outside the timing. Otherwise
     # autovacuum takes up the 2M rows just inserted (VACUUM ANALYZE plain_dst) while the
-    # next MV creation runs, which then pays for the baseline's upkeep: seen during the
-    # first creation of every run, which took 3.2-3.7 s against 2.1-2.6 s for the others
+    # next MV creation runs, which then pays for the baseline's upkeep: the first creation
+    # of every run was the slowest (bench/HISTORY.md#the-full-run-of-2026-11-26)
     autocommit, conn.autocommit = conn.autocommit, True
     with conn.cursor() as cur:
         cur.execute("VACUUM ANALYZE public.plain_dst")

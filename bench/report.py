@@ -19,6 +19,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 RESULTS_JSON = HERE / "out" / "results.json"
 RESULTS_MD = HERE / "RESULTS.md"
+HISTORY_MD = HERE / "HISTORY.md"  # dated runs and optimisation stories, written by hand
 PLOTS = (
     ("throughput.png", "Progress and rows/s of an arrangement and a snapshot backfill over time"),
     ("lag.png", "Log-store lag and upstream barrier latency during those backfills"),
@@ -143,7 +144,9 @@ def render(doc: dict[str, Any], md_dir: Path = HERE, out_dir: Path | None = None
         ]
     lines += [
         f"Written {doc.get('written_at', '?')} by `make bench` (`python -m bench`) from "
-        "`bench/out/results.json`; regenerate with `python -m bench.report`.",
+        "`bench/out/results.json`; regenerate with `python -m bench.report`. This file "
+        "holds the figures of the last run of each bench only; earlier runs and the story "
+        f"of each optimisation are in [HISTORY.md]({os.path.relpath(HISTORY_MD, md_dir)}).",
         "",
         "## How to read",
         "",

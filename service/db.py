@@ -16,8 +16,8 @@ from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_ur
 from service.settings import Settings
 
 # The store's reads are many short index walks (a UNION ALL branch per vnode): a server
-# built with LLVM would JIT-compile every branch, which costs more than the query
-# itself (measured: 11.5 s instead of 0.5 s for 1M rows over 128 vnodes).
+# built with LLVM would JIT-compile every branch, which costs far more than the query
+# itself (bench/HISTORY.md#jit-off).
 NO_JIT = "-c jit=off"
 # A worker's writes need not wait for the WAL flush: they count only once the control
 # plane commits their epoch, and that commit (synchronous) flushes the WAL up to itself,
@@ -41,7 +41,7 @@ DEADLOCK_ATTEMPTS = 3
 
 # jsonb in and out through pydantic's JSON (in Rust) rather than the json module: a
 # worker's poll reads some 700 small jsonb values for 100 actors (vnode ranges, columns,
-# schemas) ten times a second, and json.loads cost 5-8 us for each of them; the values
+# schemas) ten times a second (bench/HISTORY.md#progress-polling); the values
 # are the same (jsonb holds no lone surrogate, the one input the two parse differently)
 def json_text(value: Any) -> str:
     """``value`` as JSON text, as the catalog's connections encode jsonb."""

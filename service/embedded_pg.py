@@ -73,21 +73,19 @@ SERVER_SETTINGS = {
     # A new 16 MB WAL segment is otherwise written full of zeros and flushed while the
     # WAL write lock is held: every commit waits meanwhile. A backfill writes WAL fast
     # enough to need a new segment every second or two, and each one stalled the
-    # upstream's barrier commits by 30-50 ms (most of the p99 a throttled snapshot
-    # backfill added, see the README's coupling section). Without zero-filling, the
-    # segment's last byte is written and space is taken as WAL is written.
+    # upstream's barrier commits (bench/HISTORY.md#the-embedded-postgress-settings).
+    # Without zero-filling, the segment's last byte is written and space is taken as WAL
+    # is written.
     "wal_init_zero": "off",
     # 1 GiB of buffers (in 8 kB pages; the default is 128 MB). A backfill reads its
-    # upstream through the key index and writes the MV beside it: with 2M rows both are
-    # some 500 MB, and at 128 MB every page read evicted one, often a dirty one the
-    # statement had to write out itself. Measured on 2M rows: a pushed-down statement of
-    # 200k rows took 0.6-0.8 s instead of 0.9-1.4 s. Memory is taken as pages are used.
+    # upstream through the key index and writes the MV beside it: at 128 MB every page
+    # read evicted one, often a dirty one the statement had to write out itself. Memory
+    # is taken as pages are used.
     "shared_buffers": "131072",
-    # 128 MB of WAL buffers (in 8 kB pages; 16 MB by default with such shared_buffers). A
-    # 2M-row MV creation writes some 430 MB of WAL, an INSERT ... SELECT of the same rows
-    # 300 MB: with 16 MB the buffers ran full 16-22 thousand times, and each time a
-    # backend wrote WAL itself, holding the WAL write lock that the other statement then
-    # waited on. With 128 MB the WAL writer writes nearly all of it (pg_stat_wal).
+    # 128 MB of WAL buffers (in 8 kB pages; 16 MB by default with such shared_buffers).
+    # With 16 MB a backfill's WAL filled them again and again, and each time a backend
+    # wrote WAL itself, holding the WAL write lock that the other statement then waited
+    # on; with 128 MB the WAL writer writes nearly all of it.
     "wal_buffers": "16384",
 }
 

@@ -1,10 +1,10 @@
 """The serving process's garbage collector, set for latency.
 
 A full (generation 2) collection walks every tracked object and holds the GIL while it
-does: in the control plane that was the start-up heap of about 135,000 objects (FastAPI,
-pydantic, SQLAlchemy, the app), 80-100 ms per collection, about one a second under the
-workers' collects, and every request in flight waited for it
-(``bench/bench_progress_polling.py``: it was most of the p99). The start-up heap lives as
+does: in the control plane that was the whole start-up heap (FastAPI, pydantic,
+SQLAlchemy, the app), about once a second under the workers' collects, and every request
+in flight waited for it (``bench/HISTORY.md#freezing-imports-out-of-garbage-collection``).
+The start-up heap lives as
 long as the process, so it is frozen once the server is up (``gc.freeze``: full
 collections skip it), and the youngest generation is collected every 10,000 allocations
 instead of 700, so fewer short-lived objects (a request's) are promoted and fewer

@@ -1,10 +1,9 @@
 """Spark's Python Data Source API over the state store: the snapshot-read and MV-write
 halves of one backfill epoch.
 
-Why the Python Data Source and not JDBC (``make bench``, ``spark_path``, measured on
-this machine: 1M rows into Spark in 1.12 s through this reader, 0.80 s through Spark's
-JDBC reader with the same snapshot query and the same vnode-range partitions). JDBC
-reads raw rows about 1.4x faster, and we still choose the Python source because:
+Why the Python Data Source and not JDBC: JDBC reads raw rows faster
+(``bench/HISTORY.md#the-python-data-source-not-jdbc``), and we still choose the Python
+source because:
 each epoch reads every vnode *after its own position* with its own row limit, which
 JDBC's partitioning (a WHERE clause per partition) cannot express; the writer must be
 fenced by the graph's recovery sequence and must send back, per vnode, how many rows

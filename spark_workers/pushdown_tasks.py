@@ -9,12 +9,12 @@ The plan is ``datasource.Plan`` (the same JSON as the rows-moving path): only wh
 the view is evaluated differs. The rows never leave Postgres, so a backfill costs the
 server what an ``INSERT ... SELECT`` does, spread over Spark's tasks. No rows flow
 through Spark either, so the tasks are a plain RDD job: a Python Data Source would add
-its planning round trips (measured: about 0.35 s against 0.13 s per job) for nothing.
+its planning round trips for nothing.
 
 The queue (a row of ``work_queues``, bumped on a connection of its own, outside the
 task's transaction) balances the tasks: with the groups dealt out in advance, one task
-often finished 0.2-0.5 s before the other, its core idle meanwhile (measured on 2M
-rows: 0.5-0.9 s of such tails per MV creation, against 0.03-0.15 s with the queue).
+often finished well before the other, its core idle meanwhile
+(``bench/HISTORY.md#groups-tasks-and-the-work-queue``).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ T = TypeVar("T")
 NO_ROWS = -1  # the vnode of a group's one entry when it read no rows (it still ran)
 # One connection per Spark Python worker process and database (and one for work queues),
 # kept between tasks (Spark reuses its Python workers): a new one prepared and planned
-# the statement again, some 60-75 ms of every task of every epoch, where a prepared one
-# runs a small read in 10.
+# the statement again in every task of every epoch, which cost several times a small
+# read (bench/HISTORY.md#prepared-pushed-down-statements-and-kept-connections).
 _CONNECTIONS: dict[str, Any] = {}
 
 
@@ -117,8 +117,9 @@ def _forget(key: str, conn: Any) -> None:
 def _freeze_imports() -> None:
     """Once per Spark Python worker process, after its first task's imports: leave the objects
     alive then (modules, classes, psycopg2's) out of every later garbage collection.
-    Spark reuses its Python workers, and collections that walked those objects took some
-    30 ms of CPU per task, three times what Spark's own handling of a task costs there."""
+    Spark reuses its Python workers, and collections that walked those objects cost more
+    CPU per task than Spark's own handling of a task
+    (``bench/HISTORY.md#freezing-imports-out-of-garbage-collection``)."""
     from pyspark import TaskContext
 
     if TaskContext.get() is not None and not gc.get_freeze_count():

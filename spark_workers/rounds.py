@@ -1,10 +1,10 @@
 """A pushed-down Spark job that spans epochs (an unthrottled table backfill's snapshot).
 
 A job of one epoch ends before the worker handles the barrier that closes the epoch,
-and a Spark job costs some 0.1 s of both cores besides its statements: the start of
-its tasks, its tail (one task still at work), its end, the gap until the next one.
-Jobs of 400k rows made five such boundaries of a 2M-row creation (0.4-0.5 s of some
-2.9 s, measured), and larger jobs would hold every barrier of the graph for as long.
+and a Spark job costs a fixed overhead besides its statements: the start of its tasks,
+its tail (one task still at work), its end, the gap until the next one. Fewer, larger jobs
+would hold every barrier of the graph for as long
+(``docs/architecture.md#spark-jobs-spanning-epochs``).
 
 Here the job's groups (whole vnodes, ``spark_path.round_rows`` rows each about) are
 planned once, for everything the actors have left, and each runs as a *round*: a

@@ -250,13 +250,10 @@ class SparkPath:
         Whole vnodes, where spread reads take a little of every vnode: a statement's rows
         then go to a few places of the MV's key index, each a vnode of its own, where a
         little of every vnode went between the rows earlier jobs had written there,
-        splitting pages in half. Measured on 2M rows, statements alone: 10-19% less time
-        and 14-19% less CPU, and a key index of 96-107 MB instead of 132 MB. One task per
-        core, not more: each task costs Spark some 50 ms (an empty job of two tasks took
-        0.10 s on a slow VM, of four 0.165 s), and creations with two tasks per core took
-        5.20-5.72 s against 4.99-5.18 s with one. Several groups per task
-        (``groups_per_actor``), taken in turn: a task that is done early takes another
-        group, where groups dealt out in advance left its core idle.
+        splitting pages in half. One task per core, not more: each task has a fixed cost
+        in Spark. Several groups per task (``groups_per_actor``), taken in turn: a task
+        that is done early takes another group, where groups dealt out in advance left
+        its core idle (``bench/HISTORY.md#groups-tasks-and-the-work-queue``).
         """
         spark, cores = self.active_session()
         per_actor = groups_per_actor(len(runners), cores)
@@ -381,9 +378,7 @@ def round_rows(epoch_rows: int, cores: int) -> int:
 def groups_per_actor(actors: int, cores: int) -> int:
     """Groups of vnodes each actor's share is read in: at least ``GROUPS_PER_TASK`` per
     task of the job (one per core) in all, so that when one task is done, what is left
-    to the others is a group at most (measured on 2M rows, 4 actors on 2 cores: 0.03-0.15
-    s per creation with a core idle at the end of a job, against 0.29-0.69 s with 4
-    groups per task, and 0.5-0.9 s with the groups dealt out in advance)."""
+    to the others is a group at most (``bench/HISTORY.md#groups-tasks-and-the-work-queue``)."""
     return max(1, -(-GROUPS_PER_TASK * cores // actors))
 
 
@@ -411,9 +406,9 @@ def has_sql_form(filter_expr: Any, schema: TableSchema) -> bool:
 
 # The worker's driver JVM only schedules tasks (the rows stay in Postgres or stream through
 # the Python workers): C1-compiled code is fast enough for that, and C2's compiler
-# threads had taken a tenth of the machine's CPU during a 2M-row MV creation (perf, a
-# worker started for the bench), about as much as the JVM's whole share of the work.
-# The serial collector spares a small heap G1's concurrent threads.
+# threads took about as much CPU as the JVM's whole share of the work
+# (bench/HISTORY.md#the-drivers-jvm-on-c1). The serial collector spares a small heap G1's
+# concurrent threads.
 WORKER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 

@@ -1,4 +1,4 @@
-"""One epoch-versioned table in Postgres (DESIGN section 4).
+"""One epoch-versioned table in Postgres (``docs/architecture.md#the-state-store``).
 
 Layout: ``(_vnode smallint, <pk>, _epoch bigint, _deleted bool, <values>)`` with a unique
 index on ``(_vnode, <pk>, _epoch DESC)`` (snapshot reads walk it and take the first

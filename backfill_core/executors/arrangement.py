@@ -24,6 +24,7 @@ from backfill_core.changes import Row, RowChange
 from backfill_core.executors.flow import (
     account_batch,
     apply_flow_mutation,
+    check_closes_open_epoch,
     check_provenance,
     check_summary,
     split_batches,
@@ -128,6 +129,7 @@ class ArrangementBackfill:
 
     def on_barrier(self, barrier: Barrier, changes: Sequence[RowChange] = ()) -> BarrierOutput:
         """Complete the closing epoch, then open the next one."""
+        check_closes_open_epoch(self.started, self.open_epoch, barrier)
         emit: list[RowChange] = []
         if self.started:
             if self.phase is Phase.FORWARDING or self._snapshot_done():

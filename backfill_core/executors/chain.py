@@ -36,6 +36,7 @@ from backfill_core.executors.arrangement import VnodeProgress, VnodeState, epoch
 from backfill_core.executors.flow import (
     FixedSnapshotReads,
     apply_flow_mutation,
+    check_closes_open_epoch,
     check_provenance,
     check_summary,
     vnode_progress_rows,
@@ -117,10 +118,7 @@ class ChainBackfill(FixedSnapshotReads):
 
     def on_barrier(self, barrier: Barrier, changes: Sequence[RowChange] = ()) -> BarrierOutput:
         """Pass the barrier on at once, emitting what the closing epoch completes."""
-        if self.started and barrier.epoch.prev <= self.closed_epoch:
-            raise ValueError(
-                f"barrier closing {barrier.epoch.prev} is not after epoch {self.closed_epoch}"
-            )
+        check_closes_open_epoch(self.started, self.open_epoch, barrier)
         if changes and self.changes_needed(barrier) is None:
             raise ValueError("changes given at a barrier that needs none")
         emit: list[RowChange] = []

@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from backfill_core.changes import Row
 from backfill_core.executors.messages import (
+    Barrier,
     Mutation,
     ReadProvenanceError,
     SnapshotBatchRead,
@@ -19,12 +20,13 @@ from backfill_core.executors.messages import (
 def apply_flow_mutation(
     actor_id: int, mutation: Mutation | None, paused: bool, rate_limit: int | None
 ) -> tuple[bool, int | None]:
-    """``(paused, rate_limit)`` after a barrier's pause / resume / throttle."""
+    """``(paused, rate_limit)`` after a barrier's pause / resume / throttle: each applies
+    to the actors it names only (those of one job; its graph's other jobs go on)."""
     if mutation is None:
         return paused, rate_limit
-    if mutation.pause:
+    if actor_id in mutation.pause:
         paused = True
-    if mutation.resume:
+    if actor_id in mutation.resume:
         paused = False
     if actor_id in mutation.throttle:
         rate_limit = mutation.throttle[actor_id]
@@ -114,6 +116,15 @@ def check_summary(read: SnapshotRead, count: int, last_pos: Row | None) -> None:
 def check_provenance(read: SnapshotRead, snapshot_epoch: int, current_pos: Row | None) -> None:
     """Refuse a snapshot read that is not the one the executor would ask for now."""
     check_planned_now(f"vnode {read.vnode}", read.epoch, snapshot_epoch, read.after, current_pos)
+
+
+def check_closes_open_epoch(started: bool, open_epoch: int, barrier: Barrier) -> None:
+    """A barrier closes the epoch the last one opened: one delivered twice would emit an
+    epoch's changes twice, one skipped would never emit them."""
+    if started and barrier.epoch.prev != open_epoch:
+        raise ValueError(
+            f"barrier closing {barrier.epoch.prev} does not close the open epoch {open_epoch}"
+        )
 
 
 def check_planned_now(

@@ -28,8 +28,10 @@ class Mutation:
 
     add: frozenset[int] = frozenset()
     stop: frozenset[int] = frozenset()
-    pause: bool = False
-    resume: bool = False
+    # the actors a pause / resume applies to: those of the one job it was asked for (a
+    # graph runs many jobs, each paused on its own)
+    pause: frozenset[int] = frozenset()
+    resume: frozenset[int] = frozenset()
     throttle: Mapping[int, int | None] = field(
         default_factory=dict
     )  # actor -> rows/s (None: no limit)
@@ -43,8 +45,8 @@ class Mutation:
         return cls(
             add=frozenset(int(a) for a in data.get("add", ())),
             stop=frozenset(int(a) for a in data.get("stop", ())),
-            pause=bool(data.get("pause", False)),
-            resume=bool(data.get("resume", False)),
+            pause=frozenset(int(a) for a in data.get("pause") or ()),
+            resume=frozenset(int(a) for a in data.get("resume") or ()),
             throttle={
                 int(k): (None if v is None else int(v))
                 for k, v in (data.get("throttle") or {}).items()

@@ -61,6 +61,7 @@ from backfill_core.executors.arrangement import epoch_budget
 from backfill_core.executors.flow import (
     FixedSnapshotReads,
     apply_flow_mutation,
+    check_closes_open_epoch,
     check_provenance,
     check_summary,
     vnode_progress_rows,
@@ -201,11 +202,7 @@ class SnapshotBackfill(FixedSnapshotReads):
         ``upstream_latest_epoch``: the latest epoch the upstream had sealed when the meta
         injected this barrier (None: not known; then no lag is reported).
         """
-        if self.started and barrier.epoch.prev != self.open_epoch:
-            raise ValueError(
-                f"barrier closing {barrier.epoch.prev} does not close the open epoch "
-                f"{self.open_epoch}"
-            )
+        check_closes_open_epoch(self.started, self.open_epoch, barrier)
         if changes and self.changes_needed(barrier) is None:
             raise ValueError("changes given at a barrier that needs none")
         if (

@@ -283,6 +283,19 @@ def relation_names(db: Database, job: Job) -> JobNames:
         return JobNames(up.name if up else None, src.name if src else None, mv.name if mv else None)
 
 
+def _live_actors(s: Session, job_id: int) -> list[int]:
+    """The job's actors a flow mutation (pause, resume, throttle) names: those not
+    stopped, including any placed but not started yet. Actors placed later (a rescale, a
+    recovery) start from the job's row instead (``paused``, ``rate_limit``)."""
+    return list(
+        s.execute(
+            select(Actor.id)
+            .where(Actor.job_id == job_id, Actor.last_epoch.is_(None))
+            .order_by(Actor.id)
+        ).scalars()
+    )
+
+
 def set_paused(db: Database, job_id: int, paused: bool) -> Job:
     with db.transaction() as s:
         job = _job(s, job_id, lock=True)
@@ -291,7 +304,9 @@ def set_paused(db: Database, job_id: int, paused: bool) -> Job:
         if job.paused != paused:
             job.paused = paused
             assert job.graph_id is not None
-            enqueue_mutation(s, job.graph_id, {"pause": True} if paused else {"resume": True})
+            # the job's actors only: the graph's other jobs keep their own paused flags
+            key = "pause" if paused else "resume"
+            enqueue_mutation(s, job.graph_id, {key: _live_actors(s, job.id)})
             events.record(s, "paused" if paused else "resumed", job.id)
         return job
 
@@ -307,9 +322,7 @@ def update_job(
         assert job.graph_id is not None
         if set_rate and rate_limit != job.rate_limit:
             job.rate_limit = rate_limit
-            actors = s.execute(
-                select(Actor.id).where(Actor.job_id == job.id, Actor.last_epoch.is_(None))
-            ).scalars()
+            actors = _live_actors(s, job.id)
             enqueue_mutation(s, job.graph_id, {"throttle": {str(a): rate_limit for a in actors}})
             events.record(s, "throttled", job.id, rate_limit=rate_limit)
         if parallelism is not None and parallelism != job.parallelism:

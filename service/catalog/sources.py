@@ -2,7 +2,8 @@
 
 A source's rows are its messages: the JSON fields named by its columns, plus the
 partition and offset they came from (the key). The shared source starts at the topic's
-end when it is created; jobs reading it backfill everything before (DESIGN section 6).
+end when it is created; jobs reading it backfill everything before
+(``docs/architecture.md#sources-kafka``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Barrier injection, collection and commit (DESIGN section 5).
+"""Barrier injection, collection and commit (``docs/architecture.md#epochs-and-barriers``).
 
 All decisions live in Postgres transactions that lock the graph row, so several
 control-plane replicas can serve collects while one leader injects: a barrier is never

@@ -1,7 +1,7 @@
 """Leader duties that may take long, each on a thread of its own (garbage collection,
 building MVs' epoch indexes): the barrier loop only wakes them. Run inside its ticks,
-the first garbage collection of a freshly loaded 2M-row table held every barrier back
-for 6 s."""
+the first garbage collection of a freshly loaded large table held every barrier back for
+seconds (``bench/HISTORY.md#garbage-collection-off-the-barrier-loop``)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Creating graphs (DESIGN section 6, snapshot backfill): a job's own barrier sequence,
-decoupled from the upstream, and its merge into the main graph.
+"""Creating graphs (``docs/architecture.md#snapshot-backfill``): a job's own barrier
+sequence, decoupled from the upstream, and its merge into the main graph.
 
 Phase 1 runs on *fake* epochs ``k << 16`` (far below any real epoch) while the actors
 read the snapshot at ``snapshot_epoch``. Once the committed progress shows every vnode
@@ -36,6 +36,7 @@ from service.catalog.models import (
     EpochPin,
     Graph,
     Job,
+    PendingMutation,
     Relation,
     VnodeProgress,
 )
@@ -200,6 +201,13 @@ def merge_caught_up(s: Session) -> list[int]:
             update(Actor)
             .where(Actor.graph_id == graph.id, Actor.last_epoch.is_(None))
             .values(graph_id=MAIN_GRAPH_ID, first_epoch=joins_at)
+        )
+        # a pause, resume or throttle of the job not injected yet names its actors only:
+        # it follows them into the main graph (the graph's deletion would drop it)
+        s.execute(
+            update(PendingMutation)
+            .where(PendingMutation.graph_id == graph.id)
+            .values(graph_id=MAIN_GRAPH_ID)
         )
         s.execute(
             update(Relation).where(Relation.id == job.mv_relation_id).values(graph_id=MAIN_GRAPH_ID)

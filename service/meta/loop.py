@@ -38,9 +38,9 @@ REQUESTED_ROUND_GAP_S = 0.05
 # ``run`` injects the main graph's barriers and the creating graphs' at alternate half
 # intervals. Injected together, every worker woke at once: a snapshot backfill's epoch
 # of reads ran exactly when the upstream's actors handled their barrier, and on a
-# shared machine that doubled the upstream's barrier latency even for a throttled
-# backfill (bench_coupling, median 55 -> 107 ms). A creating graph's barriers need not
-# line up with the upstream's in time, only in kind and order (DESIGN section 6).
+# shared machine that slowed the upstream's barriers even for a throttled backfill
+# (bench/HISTORY.md#staggered-injection). A creating graph's barriers need not line up
+# with the upstream's in time, only in kind and order (docs/architecture.md#snapshot-backfill).
 MAIN = frozenset({"main"})
 CREATING = frozenset({"creating"})
 

@@ -1,4 +1,4 @@
-"""Recovery of a graph (DESIGN section 5.4).
+"""Recovery of a graph (``docs/architecture.md#recovery``).
 
 Stop injecting, forget uncommitted barriers, roll the graph's derived tables (MVs) back
 to its committed epoch, re-place actors whose worker is gone, then inject an

@@ -1,4 +1,4 @@
-"""The shared sources, advanced by the main graph (DESIGN section 6, source backfill).
+"""The shared sources, advanced by the main graph (``docs/architecture.md#sources-kafka``).
 
 A watcher thread keeps every source's partitions and watermarks fresh; barrier
 injection reads that cache (never Kafka itself, so a slow broker cannot delay a barrier)

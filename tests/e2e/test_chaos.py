@@ -12,10 +12,22 @@ import pytest
 
 from service.embedded_pg import EmbeddedPostgres
 from tests.kit.chaos import run_seed
-from tests.kit.chaos_plan import FAULTS, TABLE_KINDS, draw
+from tests.kit.chaos_plan import FAULTS, TABLE_KINDS, Scenario, draw
 from tests.kit.kafka import MockKafka
 
-CI_SEEDS = (14, 43, 56)
+CI_SEEDS = (14, 43, 56, 2398)
+
+
+def merges_finished_and_unfinished(plan: Scenario) -> bool:
+    """The plan rescales a table job of a skewed table to fewer actors mid-backfill: its
+    light actors have finished, so an actor is dealt completed and unfinished vnodes."""
+    return plan.workload.skewed and any(
+        f.kind == "rescale"
+        and plan.jobs[f.job].kind != "source"
+        and f.value is not None
+        and f.value < plan.jobs[f.job].parallelism
+        for f in plan.faults
+    )
 
 
 def test_the_ci_seeds_cover_every_fault_and_job_kind() -> None:
@@ -24,6 +36,9 @@ def test_the_ci_seeds_cover_every_fault_and_job_kind() -> None:
     assert {j.kind for p in plans for j in p.jobs} == {*TABLE_KINDS, "source"}
     # both ways of writing a view: inside Postgres, and rows through the workers
     assert {p.pushdown for p in plans} == {True, False}
+    # barriers between checkpoints, and a rescale dealing completed and unfinished vnodes
+    assert any(p.checkpoint_frequency > 1 for p in plans)
+    assert any(merges_finished_and_unfinished(p) for p in plans)
     assert draw(14) == draw(14)  # a seed is a replay
 
 
@@ -54,3 +69,5 @@ def test_chaos_seed(
     planned = draw(seed, restart_postgres=restart is not None).faults
     assert outcome.faults == [f.kind for f in planned]
     assert outcome.checks >= 4 * len(draw(seed).jobs)
+    if merges_finished_and_unfinished(draw(seed)):
+        assert outcome.mixed_rescales >= 1, "the rescale came when no actor had finished"

@@ -12,6 +12,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text, update
 
 from backfill_core.changes import Version
+from backfill_core.executors.flow import apply_flow_mutation
+from backfill_core.executors.messages import Mutation
 from service.api.app import create_app
 from service.catalog import tables
 from service.catalog.models import Worker
@@ -364,3 +366,54 @@ def _waiting_for_a_lock(db: Database) -> bool:
                 )
             ).scalar_one()
         )
+
+
+def test_pause_and_resume_reach_the_actors_of_their_job_only(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """Two jobs of the main graph (issue 30): a pause or a resume names its job's actors,
+    and actors a rescale places start from their job's flag in the catalog. The fake
+    worker keeps each actor's flag as the executors do (from the job's row when the actor
+    starts, then the barriers' mutations): after every barrier it is its job's."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    jobs = [make_job(db, "a", parallelism=2), make_job(db, "b", parallelism=2)]
+    paused: dict[int, bool] = {}  # actor -> its flag on the worker
+    job_of: dict[int, int] = {}
+
+    def barrier() -> None:
+        loop.tick()
+        for a in w.poll():
+            actor = a["actor_id"]
+            for b in a["barriers"]:
+                if b["kind"] == "initial" or actor not in paused:  # (re)started
+                    paused[actor], job_of[actor] = a["job"]["paused"], a["job_id"]
+                mutation = Mutation.from_json(b["mutation"])
+                paused[actor], _ = apply_flow_mutation(actor, mutation, paused[actor], None)
+                r = w.collect(actor, b, progress=None)
+                assert r.status_code == 200, r.text
+        live = {a.id for j in jobs for a in actors_of(db, j)}
+        flags = {j: client.get(f"/v1/jobs/{j}").json()["paused"] for j in jobs}
+        got = {x: p for x, p in paused.items() if x in live}
+        assert got == {x: flags[job_of[x]] for x in got}, flags
+
+    def ask(job: int, what: str) -> None:
+        assert client.post(f"/v1/jobs/{job}/{what}").status_code == 200
+        barrier()
+
+    barrier()
+    barrier()  # each job's actors added by a barrier of their own
+    assert set(job_of.values()) == set(jobs)
+    a, b = jobs
+    ask(a, "pause")
+    ask(b, "pause")
+    ask(a, "resume")  # b stays paused
+    ask(a, "pause")
+    # a paused job rescaled: its new actors start paused, then resume with it
+    assert client.patch(f"/v1/jobs/{a}", json={"parallelism": 3}).status_code == 200
+    barrier()
+    assert len([x for x in paused if job_of[x] == a]) == 5  # two before, three now
+    ask(a, "resume")
+    assert client.patch(f"/v1/jobs/{b}", json={"parallelism": 1}).status_code == 200
+    barrier()
+    ask(b, "resume")

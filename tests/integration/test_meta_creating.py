@@ -449,3 +449,24 @@ def test_a_late_collect_of_an_earlier_incarnation_is_stale_though_its_epochs_cam
     progress = client.get(f"/v1/jobs/{job['id']}/progress").json()
     assert {v["state"] for v in progress["vnodes"]} == {"consuming"}
     assert progress["rows"] == 8
+
+
+def test_a_pause_not_injected_yet_follows_a_merging_job_into_the_main_graph(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """A pause asked while a snapshot job's last barrier is out is still pending when the
+    job merges: it moves with the job's actor into the main graph (its creating graph,
+    deleted, would drop it) and names that actor only, not the main graph's other job."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    job, busy_actor, snap_actor = _busy_main_and_a_snapshot_job(client, loop, db, w)
+    assert client.post(f"/v1/jobs/{job}/pause").json()["paused"] is True
+    collect(w, "consumed", only={busy_actor})
+    collect(w, "consumed", only={snap_actor})
+    loop.tick()
+    assert graph_of_job(db, job) is None, "never merged"
+    loop.tick()
+    got = [b for a in w.poll() if a["actor_id"] == snap_actor for b in a["barriers"]]
+    assert [b["mutation"] for b in got if b["mutation"]] == [{"pause": [snap_actor]}]
+    pauses = [b.mutation for b in barriers_of(db, 1) if b.mutation and "pause" in b.mutation]
+    assert pauses == [{"pause": [snap_actor]}]

@@ -36,6 +36,8 @@ import httpx
 import psycopg2
 from sqlalchemy.engine import make_url
 
+from backfill_core.schema import ColumnType
+from backfill_core.vnode import even_split, vnode_hasher
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url
 from tests.kit.chaos_plan import Fault, Scenario, draw
 from tests.kit.e2e import wait_for
@@ -53,6 +55,7 @@ class Outcome:
     seed: int
     faults: list[str] = field(default_factory=list)
     checks: int = 0  # verify calls that compared a whole view and found it equal
+    mixed_rescales: int = 0  # rescales dealing an actor completed and unfinished vnodes
     seconds: float = 0.0
 
 
@@ -157,15 +160,30 @@ def _value(rng: random.Random, type_: str) -> Any:
     return {"k": rng.randrange(10), "v": [rng.random() < 0.5, "x"]}  # jsonb
 
 
+HEAVY_VNODES = range(8)  # a skewed table's rows mostly live here, in the first actor's
+
+
+def skewed_keys(rows: int) -> list[int]:
+    """``rows`` keys, nine in ten of them hashing to ``HEAVY_VNODES`` of 256."""
+    vnode_of = vnode_hasher([ColumnType.BIGINT], 256)
+    heavy, light = [], []
+    k = 0
+    while len(heavy) < rows - rows // 10 or len(light) < rows // 10:
+        (heavy if vnode_of((k,)) in HEAVY_VNODES else light).append(k)
+        k += 1
+    return sorted(heavy[: rows - rows // 10] + light[: rows // 10])
+
+
 class Writer:
     """The scenario's DML workload, until stopped; ``paused()`` holds it during restarts."""
 
     def __init__(self, http: httpx.Client, scenario: Scenario) -> None:
         self.http, self.w = http, scenario.workload
         self.rng = random.Random(scenario.seed * 7919 + 1)
-        self.keys = list(range(self.w.rows))  # live keys, in insertion order
+        # live keys, in insertion order
+        self.keys = skewed_keys(self.w.rows) if self.w.skewed else list(range(self.w.rows))
         self.index = {k: i for i, k in enumerate(self.keys)}
-        self.next_key = self.w.rows
+        self.next_key = max(self.keys, default=-1) + 1
         self.stop = threading.Event()
         self.running = threading.Event()
         self.running.set()
@@ -333,9 +351,7 @@ class Run:
         body = {"name": TABLE, "columns": columns, "primary_key": ["id"]}
         self.api(http, "POST", "/v1/tables", json=body)
         for lo in range(0, w.rows, 2_000):
-            ops = [
-                {"op": "insert", "row": writer.row(k)} for k in range(lo, min(w.rows, lo + 2_000))
-            ]
+            ops = [{"op": "insert", "row": writer.row(k)} for k in writer.keys[lo : lo + 2_000]]
             self.api(http, "POST", f"/v1/tables/{TABLE}/dml", json={"ops": ops})
         if not w.messages:
             return None
@@ -378,10 +394,29 @@ class Run:
             plan = self.s.jobs[fault.job % len(self.jobs)]
             assert fault.value is not None
             most = MOCK_PARTITIONS if plan.kind == "source" else 256
-            self.api(http, "PATCH", f"/v1/jobs/{job}", json={"parallelism": min(fault.value, most)})
+            parallelism = min(fault.value, most)
+            if plan.kind != "source" and self.merges_finished_and_unfinished(
+                http, job, parallelism
+            ):
+                self.outcome.mixed_rescales += 1
+            self.api(http, "PATCH", f"/v1/jobs/{job}", json={"parallelism": parallelism})
         else:
             raise AssertionError(kind)
         self.outcome.faults.append(kind)
+
+    def merges_finished_and_unfinished(
+        self, http: httpx.Client, job: int, parallelism: int
+    ) -> bool:
+        """Whether a rescale of ``job`` to ``parallelism`` now deals some actor completed
+        vnodes next to unfinished ones (as committed before it: a lower bound)."""
+        progress = self.api(http, "GET", f"/v1/jobs/{job}/progress")
+        if progress["state"] != "creating":
+            return False
+        done = ("completed", "consumed")
+        completed = {v["vnode"] for v in progress["vnodes"] if v["state"] in done}
+        return any(
+            0 < len(completed & set(share)) < len(share) for share in even_split(256, parallelism)
+        )
 
     def run(self) -> Outcome:
         started = time.monotonic()
@@ -528,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
                 outcome = run_seed(seed, url, workdir, kafka, pg.restart if pg else None)
                 faults.update(outcome.faults)
                 print(
-                    f"seed {seed}: ok, faults {outcome.faults}, {outcome.checks} exact "
+                    f"seed {seed}: ok, faults {outcome.faults}, {outcome.mixed_rescales} mixed "
+                    f"rescales, {outcome.checks} exact "
                     f"checks, {outcome.seconds:.0f} s",
                     flush=True,
                 )

@@ -46,11 +46,20 @@ def in_vnodes(
     ]
 
 
+# source backfill: a second actor of the same job, and Kafka offsets with holes
+OTHER_ACTOR = 8
+# an actor of another job of the same graph
+OTHER_JOB_ACTOR = 9
+
+# the actors a pause or resume names: some include the actor under test, some do not
+# (another job's pause must leave it running, another job's resume must leave it paused)
+named_actors = st.sets(st.sampled_from((ACTOR, OTHER_ACTOR, OTHER_JOB_ACTOR))).map(sorted)
+
 # barrier mutations a flow-controlled executor must follow
 mutations = st.one_of(
     st.none(),
-    st.just({"pause": True}),
-    st.just({"resume": True}),
+    st.builds(lambda a: {"pause": a}, named_actors),
+    st.builds(lambda a: {"resume": a}, named_actors),
     st.builds(lambda r: {"throttle": {str(ACTOR): r}}, st.one_of(st.none(), st.integers(0, 60))),
 )
 
@@ -146,10 +155,6 @@ epoch_histories = st.lists(
     min_size=2,
     max_size=14,
 )
-
-
-# source backfill: a second actor of the same job, and Kafka offsets with holes
-OTHER_ACTOR = 8
 
 
 def offsets_from_gaps(gaps: list[int], after: int = -1) -> list[int]:

@@ -22,13 +22,15 @@ Row = tuple[Any, ...]
 # a model's row-at-a-time view of one upstream change: (op, vnode, old, new)
 UpstreamChange = tuple[str, int, Row | None, Row | None]
 
-# what a user asks of a job between two barriers: nothing, pause, resume, or a rate
+# what a user asks between two barriers: nothing, or a pause, a resume or a rate, each
+# (op, rate, for this job?); one for another job of the graph leaves this job's actors be
 flow_ops = st.one_of(
     st.none(),
-    st.just("pause"),
-    st.just("resume"),
-    st.tuples(st.just("throttle"), st.one_of(st.none(), st.integers(0, 60))),
+    st.tuples(st.sampled_from(("pause", "resume")), st.none(), st.booleans()),
+    st.tuples(st.just("throttle"), st.one_of(st.none(), st.integers(0, 60)), st.booleans()),
 )
+# an actor of another job of the graph (this job's actors count from 1)
+OTHER_JOB_ACTOR = 1_000_000
 
 # the owner (an actor index) of each vnode; the distinct indices are the actors
 deals = st.lists(st.integers(0, 3), min_size=VNODES, max_size=VNODES)
@@ -59,19 +61,25 @@ class JobFlow:
     rate_limit: int | None = None
 
     def mutation(self, op: Any, actors: Iterable[int]) -> dict[str, Any] | None:
-        """The barrier mutation for ``op`` on this job's ``actors``; updates the flags."""
-        ids = sorted(actors)
+        """The barrier mutation for ``op``, naming this job's ``actors`` (whose flags it
+        updates) or another job's."""
         if op is None:
             return None
-        if op == "pause":
-            self.paused = True
-            return {"pause": True}
-        if op == "resume":
-            self.paused = False
-            return {"resume": True}
-        _, rate = op
-        self.rate_limit = rate
-        return {"throttle": {str(a): rate for a in ids}}
+        name, rate, mine = op
+        ids = sorted(actors) if mine else [OTHER_JOB_ACTOR]
+        if name == "throttle":
+            if mine:
+                self.rate_limit = rate
+            return {"throttle": {str(a): rate for a in ids}}
+        if mine:
+            self.paused = name == "pause"
+        return {name: ids}
+
+    def check(self, impl: Any) -> None:
+        """An actor's flow state is its job's row in the catalog (after every barrier)."""
+        assert (impl.paused, impl.rate_limit) == (self.paused, self.rate_limit), (
+            "the actor's paused flag or rate limit is not its job's"
+        )
 
 
 @dataclass
@@ -284,6 +292,7 @@ def run_with_recoveries(
             assert a.impl.changes_needed(first) is None
             assert not a.impl.on_barrier(first).emit
             assert not a.model.barrier(first.elapsed_ms, None, a.id)
+            flow.check(a.impl)
             actors.append(a)
         return actors
 
@@ -310,6 +319,7 @@ def run_with_recoveries(
             assert out.finished == a.model.finished
             impl_progress, model_progress = progress_pairs(a.impl, a.model)
             assert impl_progress == model_progress, f"progress differs at epoch {i}"
+            flow.check(a.impl)
         view = impl_mv.snapshot(e)
         assert view == model_mv.snapshot(e), f"views differ at epoch {i}"
         for a in actors:

@@ -1,7 +1,8 @@
 """Flow control as every reference model follows it, written from the seeds once: a
-barrier's mutation pauses, resumes or throttles the actor, then the next epoch gets a
-row budget of ``rate_limit * elapsed`` (None: no limit; at least one row when limited)
-plus what the last epoch left unread, up to one second's worth (a token bucket)."""
+barrier's mutation pauses, resumes or throttles the actors it names (those of one job),
+then the next epoch gets a row budget of ``rate_limit * elapsed`` (None: no limit; at
+least one row when limited) plus what the last epoch left unread, up to one second's
+worth (a token bucket)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ def follow(
 ) -> tuple[bool, int | None, int | None]:
     """``(paused, rate_limit, budget)`` after a barrier carrying ``mutation``."""
     if mutation:
-        if mutation.get("pause"):
+        # a pause / resume names the actors of the one job it is for
+        if actor_id in (mutation.get("pause") or ()):
             paused = True
-        if mutation.get("resume"):
+        if actor_id in (mutation.get("resume") or ()):
             paused = False
         throttle = mutation.get("throttle") or {}
         if str(actor_id) in throttle or actor_id in throttle:

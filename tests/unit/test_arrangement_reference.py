@@ -205,7 +205,7 @@ def test_pause_stops_reads_but_not_the_changes_below_current_pos() -> None:
     read = ex.next_read(1)
     assert read is not None
     ex.on_snapshot_rows(read, [(0, "a")])  # current_pos = (0,); more rows remain
-    pause = Barrier(EpochPair(epoch(1), epoch(2)), mutation=Mutation(pause=True))
+    pause = Barrier(EpochPair(epoch(1), epoch(2)), mutation=Mutation(pause=frozenset({1})))
     ex.on_barrier(pause)
     assert ex.next_read(10) is None  # paused: no snapshot reads
     from backfill_core.changes import RowChange
@@ -239,9 +239,9 @@ def test_the_rate_limit_is_a_token_bucket_over_barriers_handled_at_once() -> Non
     assert ex.budget == 1_000
     ex.on_barrier(barrier(3_000, 8_000))
     assert ex.budget == 5_000  # an epoch longer than a second gets its whole length
-    ex.on_barrier(barrier(8_000, 8_100, Mutation(pause=True)))
+    ex.on_barrier(barrier(8_000, 8_100, Mutation(pause=frozenset({1}))))
     assert ex.budget == 0
-    ex.on_barrier(barrier(8_100, 8_200, Mutation(resume=True)))
+    ex.on_barrier(barrier(8_100, 8_200, Mutation(resume=frozenset({1}))))
     assert ex.budget == 100  # nothing carried across a pause
 
 

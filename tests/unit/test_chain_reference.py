@@ -275,7 +275,7 @@ def test_the_replay_is_paced_and_catches_up() -> None:
     first_barrier(ex)
     for i in range(1, 5):  # paused: four epochs remembered, nothing read
         assert ex.next_read(10) is None and ex.next_spread_read(10) == []
-        mutation = Mutation(resume=True) if i == 4 else None
+        mutation = Mutation(resume=frozenset({1})) if i == 4 else None
         out = ex.on_barrier(Barrier(EpochPair(epoch(i), epoch(i + 1)), mutation=mutation))
         assert out.emit == [] and out.rows == 0
     assert out.progress["replay_pending_epochs"] == 4
@@ -285,7 +285,9 @@ def test_the_replay_is_paced_and_catches_up() -> None:
     ranges = []
     i = 5
     while ex.phase is not Phase.FORWARDING:
-        barrier = Barrier(EpochPair(epoch(i), epoch(i + 1)), mutation=Mutation(pause=True))
+        barrier = Barrier(
+            EpochPair(epoch(i), epoch(i + 1)), mutation=Mutation(pause=frozenset({1}))
+        )
         needed = ex.changes_needed(barrier)
         assert needed is not None
         ranges.append((needed.after, needed.upto))

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 
 from backfill_core.epoch import EpochPair
+from backfill_core.executors.arrangement import ArrangementBackfill
+from backfill_core.executors.chain import ChainBackfill
 from backfill_core.executors.messages import Barrier
 from backfill_core.executors.snapshot import Phase, SnapshotBackfill, VnodeUpdateDuringLogStore
 from tests.kit.executors import epoch, key_of
@@ -33,3 +35,21 @@ def test_a_rescale_of_a_snapshot_job_that_is_finishing_fails_it() -> None:
     with pytest.raises(VnodeUpdateDuringLogStore):
         ex.on_vnode_update([0, 1, 2])
     assert ex.vnodes == (0, 1)
+
+
+@pytest.mark.parametrize("kind", ["arrangement", "chain"])
+def test_a_barrier_delivered_twice_or_skipped_is_refused(kind: str) -> None:
+    """Each barrier closes the epoch the last one opened: a duplicate would emit the
+    epoch's changes twice, a skipped one would never emit them."""
+    ex: ArrangementBackfill | ChainBackfill = (
+        ArrangementBackfill(1, [0], key_of)
+        if kind == "arrangement"
+        else ChainBackfill(1, [0], key_of)
+    )
+    ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1))))
+    ex.on_barrier(Barrier(EpochPair(epoch(1), epoch(2))))
+    with pytest.raises(ValueError, match="does not close the open epoch"):
+        ex.on_barrier(Barrier(EpochPair(epoch(1), epoch(2))))  # delivered twice
+    with pytest.raises(ValueError, match="does not close the open epoch"):
+        ex.on_barrier(Barrier(EpochPair(epoch(3), epoch(4))))  # epoch 2 skipped
+    ex.on_barrier(Barrier(EpochPair(epoch(2), epoch(3))))

@@ -110,7 +110,7 @@ phase1_steps = st.lists(
     ),
     max_size=10,
 )
-FORCE = {"resume": True, "throttle": {str(ACTOR): None}}
+FORCE = {"resume": [ACTOR], "throttle": {str(ACTOR): None}}
 
 
 @settings(max_examples=300, deadline=None)

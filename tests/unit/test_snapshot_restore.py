@@ -217,6 +217,7 @@ def test_restores_and_rescales_keep_the_executors_equal_to_the_model(
             assert a.impl.phase.value == a.model.phase
             cap = a.model.max_pending_epoch_lag
             assert a.impl.max_pending_epoch_lag_ms == (None if cap is None else physical_time(cap))
+            flow.check(a.impl)
         view = impl_mv.snapshot(b.epoch.prev)
         assert view == model_mv.snapshot(b.epoch.prev), f"views differ at {b.epoch}"
 
@@ -236,7 +237,13 @@ def test_restores_and_rescales_keep_the_executors_equal_to_the_model(
             break
         step = next(todo, None)
         if step is None:  # the user lets the job run to its end
-            lift = "resume" if flow.paused else ("throttle", None) if flow.rate_limit == 0 else None
+            lift = (
+                ("resume", None, True)
+                if flow.paused
+                else ("throttle", None, True)
+                if flow.rate_limit == 0
+                else None
+            )
             step = (1, 1_000, lift, 4, True, None)
         count, allowance, op, chunk, checkpoint, redeal = step
         mutation = flow.mutation(op, (a.id for a in actors))

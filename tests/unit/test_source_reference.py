@@ -203,6 +203,8 @@ class Side:
         if mode == "short" and rows:  # the consumer returned fewer rows than there are
             rows = rows[: data.draw(st.integers(0, len(rows) - 1))]
             return rows, (rows[-1] + 1 if rows else None), mode
+        if data.draw(st.booleans()):  # a reader that does not say where it got to
+            end = None
         return rows, end, mode
 
     def _account(self, read: OffsetRead, rows: list[int], end: int | None, mode: str) -> int:
@@ -459,7 +461,7 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(data: st.DataObjec
     # split (even one whose offsets end in markers) finishes its backfill, with no newer
     # message to meet (the source's end is enough)
     drain: dict[str, Any] | None = {
-        "resume": True,
+        "resume": [ACTOR, OTHER_ACTOR],
         "throttle": {str(ACTOR): None, str(OTHER_ACTOR): None},
     }
     for _ in range(3):
