@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import psycopg2
 import pytest
+from hypothesis import Phase
 from hypothesis import settings as hypothesis_settings
 from sqlalchemy.engine import make_url
 
@@ -25,8 +26,8 @@ hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     hypothesis_settings.load_profile("ci")
 
-# `make mutation` runs the covering tests once per mutant: a fixed, shorter example sequence
-# (HYPOTHESIS_PROFILE=mutation; the default profile is untouched)
+# `make mutation` runs the covering tests once per mutant: a fixed, shorter example sequence,
+# and no shrinking (a failure is all it needs to know; HYPOTHESIS_PROFILE=mutation)
 MUTATION_MAX_EXAMPLES = int(os.environ.get("MUTATION_MAX_EXAMPLES", "60"))
 hypothesis_settings.register_profile(
     "mutation",
@@ -34,7 +35,7 @@ hypothesis_settings.register_profile(
     derandomize=True,
     database=None,
     deadline=None,
-    print_blob=True,
+    phases=(Phase.explicit, Phase.generate),
 )
 if os.environ.get("HYPOTHESIS_PROFILE") == "mutation":
     hypothesis_settings.load_profile("mutation")

@@ -168,7 +168,7 @@ def report(chosen: MutationSet, set_name: str, elapsed_s: float | None) -> str:
             f"{counts['survived']} | {other} | {score:.1%} |"
         )
         for name, status in sorted(statuses.items()):
-            if status not in ("killed", "timeout"):
+            if status not in ("killed", "timeout", "not checked"):
                 diff = get_diff_for_mutant(name, path=path)
                 survivors.append(f"- `{name}` ({status}): {_one_line(diff)}")
     total = totals["total"]
