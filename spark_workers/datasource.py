@@ -42,7 +42,7 @@ from pyspark.sql.datasource import (
 )
 
 from backfill_core.schema import ColumnType, TableSchema, coerce_value, value_to_json
-from service.db import WORKER_DATA_OPTIONS
+from state_store.options import WORKER_DATA_OPTIONS
 
 FORMAT = "backfill_store"
 

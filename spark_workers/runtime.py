@@ -19,13 +19,13 @@ from typing import Any
 import httpx
 import psycopg2
 
-from service.db import WORKER_DATA_OPTIONS
-from service.settings import Settings, load_settings
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.rounds import RoundsJob, rounds_eligible
+from spark_workers.settings import WorkerSettings, load_worker_settings
 from spark_workers.source_actor import SourceRunner
 from spark_workers.spark_path import SparkPath, round_rows
+from state_store.options import WORKER_DATA_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ class Worker:
         control_plane_url: str,
         name: str | None = None,
         capacity: int = 64,
-        settings: Settings | None = None,
+        settings: WorkerSettings | None = None,
     ) -> None:
-        self.settings = settings or load_settings()
+        self.settings = settings or load_worker_settings()
         token = self.settings.worker_token
         self.client = ControlPlaneClient(
             control_plane_url, token=token.get_secret_value() if token else None
@@ -460,10 +460,15 @@ class Worker:
                 return
 
 
-def run_worker(control_plane_url: str, name: str | None = None, capacity: int = 64) -> int:
+def run_worker(
+    control_plane_url: str,
+    name: str | None = None,
+    capacity: int = 64,
+    settings: WorkerSettings | None = None,
+) -> int:
     import signal
 
-    worker = Worker(control_plane_url, name, capacity=capacity)
+    worker = Worker(control_plane_url, name, capacity=capacity, settings=settings)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stop_event.set())
     return worker.run()

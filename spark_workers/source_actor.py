@@ -12,11 +12,16 @@ from bisect import bisect_left
 from typing import Any
 
 from backfill_core.changes import Version
-from backfill_core.executors.source import OffsetRead, SourceBackfill, SplitProgress, SplitState
+from backfill_core.executors.source import (
+    OffsetRead,
+    SourceBackfill,
+    SplitProgress,
+    SplitState,
+    split_key,
+)
 from backfill_core.schema import TableSchema
 from backfill_core.view import View
 from connectors.kafka import KafkaClient, KafkaSpec, Message, backfill_stop, parse_row
-from service.meta.sources import split_key
 from spark_workers.actors import barrier_of, fence
 from state_store.versioned import VersionedTable
 

@@ -19,11 +19,12 @@ from sqlalchemy import text
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
 from service.catalog.tables import create_table, storage_of
-from service.db import GRAPH_GATE_LOCK, Database
+from service.db import Database
 from service.embedded_pg import to_libpq_url
 from service.meta.barriers import gate_graph, lock_graph
 from spark_workers import pushdown_tasks
 from spark_workers.pushdown_tasks import run_group
+from state_store.locks import GRAPH_GATE_LOCK
 from state_store.versioned import VersionedTable
 from tests.kit.e2e import wait_for
 
