@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import psycopg2
 
+from backfill_core.protocol import SUPERSEDED, ErrorCode
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.rounds import RoundsJob, rounds_eligible
@@ -129,8 +130,9 @@ class Worker:
 
     def _stale_collect(self, e: ProtocolError) -> int | None:
         """The graph of a collect refused as stale (its graph recovered meanwhile)."""
-        actor = self._refused_actor(e, "stale")
-        runner = self.runners.get(actor) if actor is not None else None
+        if e.code not in SUPERSEDED or e.actor_id is None:
+            return None
+        runner = self.runners.get(e.actor_id)
         return runner.graph_id if runner is not None else None
 
     def _superseded(self, graph_id: int, why: str) -> None:
@@ -199,7 +201,7 @@ class Worker:
                 # a batch is all or nothing: again without the actors dropped meanwhile,
                 # or without the graph that recovered meanwhile (its actors wait for the
                 # recovery's initial barrier; the other graphs' collects still count)
-                gone = self._refused_actor(e, "is not assigned to worker")
+                gone = e.actor_id if e.code is ErrorCode.ACTOR_NOT_ASSIGNED else None
                 if gone is not None and self._forget_if_dropped([gone]):
                     collects = [c for c in collects if c["actor_id"] != gone]
                     continue
@@ -274,11 +276,14 @@ class Worker:
             and job.error is not None
             and not self._forget_if_dropped([r.actor_id for r in job.runners])
         ):
-            from spark_workers.datasource import FENCED_OFF
-
-            if FENCED_OFF in str(job.error):  # a round's fence
+            fences = [job.fence] if job.fence is not None else []
+            # its graph recovered meanwhile: a round met its fence (or failed for a
+            # reason the recovery makes moot)
+            if self._recovered_graph(fences) is not None:
                 graph_id = job.runners[0].graph_id
-                raise Fenced(graph_id, f"Spark rounds of graph {graph_id} were fenced off")
+                raise Fenced(
+                    graph_id, f"Spark rounds of graph {graph_id} were fenced off"
+                ) from job.error
             raise job.error
 
     def _start_rounds(self, large: list[ActorRunner | SourceRunner]) -> None:
@@ -306,17 +311,6 @@ class Worker:
         last rounds is wanted now, not at the interval."""
         self.client.poll(timeout_ms=0, barrier_wanted=True)
 
-    @staticmethod
-    def _refused_actor(e: ProtocolError, why: str) -> int | None:
-        """The actor of a collect refused with a 409 whose message says ``why``."""
-        if e.status != 409 or not isinstance(e.body, dict):
-            return None
-        error = e.body.get("error") or {}
-        if why not in str(error.get("message", "")):
-            return None
-        actor = (error.get("details") or {}).get("actor_id")
-        return int(actor) if isinstance(actor, int) else None
-
     def _forget_if_dropped(self, actor_ids: list[int]) -> bool:
         """Forget the actors among ``actor_ids`` that are gone from the catalog (their job
         was cancelled or dropped while they worked: what failed was their own work, so it
@@ -333,6 +327,23 @@ class Worker:
             log.info("actor %s was dropped with its job: forgetting it", actor_id)
             self.runners.pop(actor_id, None)
         return bool(gone)
+
+    def _recovered_graph(self, incarnations: list[tuple[int, int]]) -> int | None:
+        """The first graph among these (graph, recovery sequence) pairs that recovered
+        since (or is gone). A Spark task's fence failure reaches the driver only as text
+        (through Py4J): the driver looks at what the fence looked at instead, and the
+        answer is the same, as a graph's recovery sequence only grows."""
+        if self.conn is None or not incarnations:
+            return None
+        self.conn.rollback()
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT id, recovery_seq FROM graphs WHERE id = ANY(%s)",
+                (sorted({g for g, _ in incarnations}),),
+            )
+            now = {int(g): int(seq) for g, seq in cur.fetchall()}
+        self.conn.rollback()
+        return next((g for g, seq in incarnations if now.get(g) != seq), None)
 
     def _barriers(self, assignments: list[dict[str, Any]]) -> list[dict[str, Any]]:
         live = {a["actor_id"] for a in assignments}
@@ -409,12 +420,20 @@ class Worker:
 
     @contextlib.contextmanager
     def _unless_dropped(self, runners: list[ActorRunner | SourceRunner]) -> Iterator[None]:
-        """Reads of actors whose job is dropped meanwhile may fail: forget those actors."""
+        """Reads of actors whose job is dropped meanwhile may fail: forget those actors.
+        Reads of actors whose graph recovered meanwhile (a Spark task's fence) are
+        superseded (``Fenced``), not failed."""
         try:
             yield
-        except Exception:
-            if not self._forget_if_dropped([r.actor_id for r in runners]):
+        except Exception as e:
+            if self._forget_if_dropped([r.actor_id for r in runners]):
+                return
+            if isinstance(e, Fenced):
                 raise
+            graph_id = self._recovered_graph([(r.graph_id, r.recovery_seq) for r in runners])
+            if graph_id is None:
+                raise
+            raise Fenced(graph_id, f"reads of graph {graph_id} were fenced off: {e}") from e
 
     def _read_until_next_barrier(self) -> None:
         # unthrottled table actors with reads left: should they run out now, they are done

@@ -7,18 +7,35 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, Field
 
+from backfill_core.protocol import ErrorCode
 from service.api.bodies import RawBody, parse_body, raw_body_openapi
 from service.api.deps import get_ctx
-from service.api.errors import ERROR_RESPONSES
+from service.api.errors import ERROR_RESPONSES, ErrorResponse
 from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.context import ServiceContext
 from service.meta import creating, workers
+
+
+def _coded(what: str, *codes: ErrorCode) -> dict[str, Any]:
+    """An error response whose ``code`` is one of the protocol's: workers branch on it."""
+    listed = ", ".join(f"`{c}`" for c in codes)
+    return {"model": ErrorResponse, "description": f"{what} (`code`: {listed})"}
+
 
 router = APIRouter(
     prefix="/v1/workers",
     tags=["internal"],
     responses=ERROR_RESPONSES
-    | {410: ERROR_RESPONSES[404] | {"description": "Worker declared dead"}},
+    | {
+        404: _coded("No such worker", ErrorCode.UNKNOWN_WORKER),
+        409: _coded(
+            "A collect refused",
+            ErrorCode.STALE_COLLECT,
+            ErrorCode.STALE_BARRIER,
+            ErrorCode.ACTOR_NOT_ASSIGNED,
+        ),
+        410: _coded("Worker declared dead or stopped: register again", ErrorCode.WORKER_GONE),
+    },
 )
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 # workers only, not the API's users: generators that honour `x-internal` (openapi-generator)

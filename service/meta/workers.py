@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +11,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from backfill_core.protocol import ErrorCode
 from service.catalog.models import (
     Actor,
     BarrierCollect,
@@ -72,10 +72,16 @@ def _alive(s: Session, worker_id: int, lease_ms: int) -> Worker:
         select(Worker).where(Worker.id == worker_id).with_for_update()
     ).scalar_one_or_none()
     if w is None:
-        raise NotFound(f"worker {worker_id} is not registered", {"worker_id": worker_id})
+        raise NotFound(
+            f"worker {worker_id} is not registered",
+            {"worker_id": worker_id},
+            code=ErrorCode.UNKNOWN_WORKER,
+        )
     if w.state != "alive":
         raise Gone(
-            f"worker {worker_id} was declared {w.state}: register again", {"worker_id": worker_id}
+            f"worker {worker_id} was declared {w.state}: register again",
+            {"worker_id": worker_id},
+            code=ErrorCode.WORKER_GONE,
         )
     w.lease_expires_at = _lease(lease_ms)
     w.last_heartbeat_at = dt.datetime.now(dt.UTC)
@@ -103,7 +109,11 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
     with db.transaction() as s:
         w = s.get(Worker, worker_id)
         if w is None:
-            raise NotFound(f"worker {worker_id} is not registered", {"worker_id": worker_id})
+            raise NotFound(
+                f"worker {worker_id} is not registered",
+                {"worker_id": worker_id},
+                code=ErrorCode.UNKNOWN_WORKER,
+            )
         q = select(Actor.graph_id).where(Actor.worker_id == worker_id)
         if actor_id is not None:
             q = q.where(Actor.id == actor_id)
@@ -360,6 +370,7 @@ def poll(
             time.sleep(min(left, RECHECK_S / 5))
 
 
+_ACTOR_IDS = text("SELECT id FROM actors WHERE id = ANY(:ids)")
 _ACTORS = text(
     "SELECT a.id, a.graph_id, a.first_epoch, a.worker_id, w.state AS worker_state "
     "FROM actors a LEFT JOIN workers w ON w.id = a.worker_id WHERE a.id = ANY(:ids)"
@@ -409,19 +420,20 @@ def _earlier_collects(
     return {(a, c): p for a, c, p in rows if (a, c) in rest}
 
 
-_DROPPED_ACTOR = re.compile(r"\(actor_id\)=\((\d+)\)")
-
-
-def _dropped_actor(e: IntegrityError) -> int | None:
+def _dropped_actor(db: Database, e: IntegrityError, actor_ids: list[int]) -> int | None:
     """The actor of a collect whose row a concurrent rescale or drop deleted after the
-    collect found it (the foreign key tells; a 409 for the worker, not a 500)."""
+    collect found it (the foreign key tells; a 409 for the worker, not a 500). Which one
+    is asked of the catalog, not read from the error's text, on a connection of its own:
+    this transaction is aborted, and the deletion the key met is committed."""
     diag = getattr(e.orig, "diag", None)
     if getattr(e.orig, "pgcode", None) != "23503" or diag is None:
         return None
     if diag.constraint_name != "fk_barrier_collects_actor_id_actors":
         return None
-    m = _DROPPED_ACTOR.search(diag.message_detail or "")
-    return int(m.group(1)) if m else None
+    with db.readers.connect() as conn:
+        alive = set(conn.execute(_ACTOR_IDS, {"ids": actor_ids}).scalars())
+    gone = sorted(set(actor_ids) - alive)
+    return gone[0] if gone else None
 
 
 def _same_incarnation(item: CollectItem, graph: Graph) -> None:
@@ -440,6 +452,7 @@ def _same_incarnation(item: CollectItem, graph: Graph) -> None:
                 "committed_epoch": graph.committed_epoch,
                 "recovery_seq": graph.recovery_seq,
             },
+            code=ErrorCode.STALE_COLLECT,
         )
 
 
@@ -459,16 +472,20 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
             if row is None or row.worker_id != worker_id:
                 if s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar() is None:
                     raise NotFound(
-                        f"worker {worker_id} is not registered", {"worker_id": worker_id}
+                        f"worker {worker_id} is not registered",
+                        {"worker_id": worker_id},
+                        code=ErrorCode.UNKNOWN_WORKER,
                     )
                 raise Conflict(
                     f"actor {item.actor_id} is not assigned to worker {worker_id}",
                     {"actor_id": item.actor_id},
+                    code=ErrorCode.ACTOR_NOT_ASSIGNED,
                 )
             if row.worker_state != "alive":
                 raise Gone(
                     f"worker {worker_id} was declared {row.worker_state}: register again",
                     {"worker_id": worker_id},
+                    code=ErrorCode.WORKER_GONE,
                 )
         # lock graphs in id order: concurrent batches never deadlock
         graphs = {g: lock_graph(s, g) for g in sorted({r.graph_id for r in found.values()})}
@@ -492,12 +509,13 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
             # tenth of the control plane's time under 100 collecting actors
             inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": json_text(rows)})}
         except IntegrityError as e:
-            gone = _dropped_actor(e)
+            gone = _dropped_actor(db, e, ids)
             if gone is None:
                 raise
             raise Conflict(
                 f"actor {gone} is not assigned to worker {worker_id} (it was dropped meanwhile)",
                 {"actor_id": gone},
+                code=ErrorCode.ACTOR_NOT_ASSIGNED,
             ) from None
         earlier = _earlier_collects(s, items, inserted)
         results = []
@@ -514,6 +532,7 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
                 raise Conflict(
                     f"stale or unknown barrier {item.prev_epoch}->{item.curr_epoch} for actor {item.actor_id}",
                     {"actor_id": item.actor_id, "committed_epoch": graph.committed_epoch},
+                    code=ErrorCode.STALE_BARRIER,
                 )
         for graph in graphs.values():
             try_complete(s, graph)
