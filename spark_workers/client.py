@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from backfill_core.protocol import ErrorBody, ErrorCode
+from backfill_core.protocol import ErrorBody, ErrorCode, PollAnswer
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class ControlPlaneClient:
     def heartbeat(self) -> None:
         self._json(self._call("POST", f"/v1/workers/{self.worker_id}/heartbeat"), 204)
 
-    def poll(self, timeout_ms: int = 5000, *, barrier_wanted: bool = False) -> dict[str, Any]:
+    def poll(self, timeout_ms: int = 5000, *, barrier_wanted: bool = False) -> PollAnswer:
         extra = httpx.Timeout(self.http.timeout.read or 10.0)
         wait = max(extra.read or 0.0, timeout_ms / 1000 + 10)
         params: dict[str, Any] = {"timeout_ms": timeout_ms}
@@ -129,8 +129,7 @@ class ControlPlaneClient:
             params=params,
             timeout=httpx.Timeout(wait),
         )
-        body: dict[str, Any] = self._json(r)
-        return body
+        return PollAnswer.from_json(self._json(r))
 
     def collect(
         self,

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import psycopg2
 
-from backfill_core.protocol import SUPERSEDED, ErrorCode
+from backfill_core.protocol import SUPERSEDED, Assignment, ErrorCode
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.rounds import RoundsJob, rounds_eligible
@@ -181,15 +181,15 @@ class Worker:
     def _step(self) -> None:
         busy = any(r.has_reads() for r in self.runners.values())
         wanted, self.barrier_wanted = self.barrier_wanted, False
-        assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
-            "assignments"
-        ]
+        assignments = self.client.poll(
+            timeout_ms=0 if busy else 2_000, barrier_wanted=wanted
+        ).assignments
         before = set(self.runners)
         self._rounds_at(assignments)
         # actors forgotten there (dropped with their job under their rounds) are gone for
         # good, though this poll, older than the drop, still lists them
         gone = before - set(self.runners)
-        assignments = [a for a in assignments if a["actor_id"] not in gone]
+        assignments = [a for a in assignments if a.actor_id not in gone]
         collects = self._barriers(assignments)
         if self.rounds is not None:
             self.rounds.release()  # its rounds go on while the barriers are collected
@@ -214,15 +214,15 @@ class Worker:
 
     # a Spark job spanning epochs --------------------------------------------
 
-    def _rounds_at(self, assignments: list[dict[str, Any]]) -> None:
+    def _rounds_at(self, assignments: list[Assignment]) -> None:
         """Before barriers are handled: account for the rounds of the epoch they close,
         or end the job when it is over or the barriers change its actors."""
         job = self.rounds
         if job is None:
             return
         ids = {r.actor_id for r in job.runners}
-        mine = [a for a in assignments if a["actor_id"] in ids]
-        barriers = [b for a in mine for b in a["barriers"]]
+        mine = [a for a in assignments if a.actor_id in ids]
+        barriers = [b for a in mine for b in a.barriers]
         if (
             len(mine) < len(ids)
             or any(b["kind"] == "initial" for b in barriers)
@@ -245,7 +245,7 @@ class Worker:
         elif barriers:
             # every actor of the job has the same last barrier: the epochs they will be at
             # are released at once; otherwise once they opened them (``RoundsJob.release``)
-            lasts = [a["barriers"][-1] if a["barriers"] else None for a in mine]
+            lasts = [a.barriers[-1] if a.barriers else None for a in mine]
             first = lasts[0]
             same = first is not None and all(
                 b is not None and b["curr"] == first["curr"] for b in lasts
@@ -345,46 +345,46 @@ class Worker:
         self.conn.rollback()
         return next((g for g, seq in incarnations if now.get(g) != seq), None)
 
-    def _barriers(self, assignments: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        live = {a["actor_id"] for a in assignments}
+    def _barriers(self, assignments: list[Assignment]) -> list[dict[str, Any]]:
+        live = {a.actor_id for a in assignments}
         for actor_id in list(self.runners):
             if actor_id not in live:
                 del self.runners[actor_id]  # stopped, moved or dropped
         collects = []
         for a in assignments:
-            barriers = a["barriers"]
-            runner = self.runners.get(a["actor_id"])
-            restart = barriers and (barriers[0]["kind"] == "initial" or a["restore"] is not None)
+            barriers = a.barriers
+            runner = self.runners.get(a.actor_id)
+            restart = barriers and (barriers[0]["kind"] == "initial" or a.restore is not None)
             if (
                 runner is not None
                 and barriers
                 and barriers[0]["kind"] != "initial"
-                and runner.graph_id != a["graph_id"]
+                and runner.graph_id != a.graph_id
             ):
                 # a snapshot backfill merged into the main graph: its executor goes on
-                runner.rebind(a["graph_id"], a["recovery_seq"])
+                runner.rebind(a.graph_id, a.recovery_seq)
                 restart = False
-            if runner is None or restart or runner.recovery_seq != a["recovery_seq"]:
+            if runner is None or restart or runner.recovery_seq != a.recovery_seq:
                 if not barriers:
                     continue  # wait for its first barrier
-                if a["restore"] is None:
+                if a.restore is None:
                     # its state is gone (this worker failed): only a recovery can restart it
-                    raise RuntimeError(f"actor {a['actor_id']} lost its state; asking for recovery")
+                    raise RuntimeError(f"actor {a.actor_id} lost its state; asking for recovery")
                 runner = (
                     SourceRunner(a)
-                    if a["job"]["kind"] == "source"
+                    if a.job.kind == "source"
                     else ActorRunner(a, pushdown=self.settings.pushdown)
                 )
-                self.runners[a["actor_id"]] = runner
+                self.runners[a.actor_id] = runner
             if len(barriers) > 1 and isinstance(runner, SourceRunner):
                 runner.prefetch(barriers)
             try:
                 for b in barriers:
                     collects.append(runner.on_barrier(self.conn, b))
             except Exception:
-                if not self._forget_if_dropped([a["actor_id"]]):
+                if not self._forget_if_dropped([a.actor_id]):
                     raise
-                collects = [c for c in collects if c["actor_id"] != a["actor_id"]]
+                collects = [c for c in collects if c["actor_id"] != a.actor_id]
         return collects
 
     def _spark_runners(self) -> list[ActorRunner | SourceRunner]:
@@ -474,8 +474,8 @@ class Worker:
                     for r in reading
                 )
                 return
-            pending = self.client.poll(timeout_ms=0)["assignments"]
-            if any(a["barriers"] for a in pending):
+            pending = self.client.poll(timeout_ms=0).assignments
+            if any(a.barriers for a in pending):
                 return
 
 

@@ -197,7 +197,7 @@ def poll(
         assignments=[
             ActorAssignment.model_construct(
                 **(
-                    a.__dict__
+                    a.to_json()
                     | {"barriers": [BarrierMessage.model_construct(**b) for b in a.barriers]}
                 )
             )

@@ -11,7 +11,15 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from backfill_core.protocol import ErrorCode
+from backfill_core.protocol import (
+    Assignment,
+    ErrorCode,
+    JobSpec,
+    RestoreState,
+    SourceRef,
+    SplitRestore,
+    VnodeRestore,
+)
 from service.catalog.models import (
     Actor,
     BarrierCollect,
@@ -29,19 +37,6 @@ from service.meta.signal import BarrierSignal
 from service.meta.sources import epoch_ranges
 
 RECHECK_S = 0.05
-
-
-@dataclass
-class Assignment:
-    actor_id: int
-    job_id: int
-    graph_id: int
-    recovery_seq: int
-    vnodes: list[Any]
-    splits: list[Any]
-    job: dict[str, Any]
-    barriers: list[dict[str, Any]]
-    restore: dict[str, Any] | None = None
 
 
 @dataclass
@@ -121,25 +116,25 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
             request_recovery(s, g, f"worker failure: {message[:200]}")
 
 
-def _job_spec(row: Any, srcs: dict[int, Source]) -> dict[str, Any]:
+def _job_spec(row: Any, srcs: dict[int, Source]) -> JobSpec:
     """The job of an ``_ACTORS_OF`` row as its actors' workers need it."""
     src = srcs.get(row.upstream_source_id) if row.upstream_source_id else None
-    return {
-        "id": row.job_id,
-        "name": row.job_name,
-        "kind": row.job_kind,
-        "state": row.job_state,
-        "upstream_table": row.up_table,
-        "upstream_schema": row.up_schema if row.up_table else (src.schema if src else None),
-        "source": {"id": src.id, "kafka": src.kafka} if src else None,
-        "mv_table": row.mv_table,
-        "mv_schema": row.mv_schema,
-        "columns": row.columns,
-        "filter": row.filter,
-        "rate_limit": row.rate_limit,
-        "paused": row.paused,
-        "snapshot_epoch": row.snapshot_epoch,
-    }
+    return JobSpec(
+        id=row.job_id,
+        name=row.job_name,
+        kind=row.job_kind,
+        state=row.job_state,
+        upstream_table=row.up_table,
+        upstream_schema=row.up_schema if row.up_table else (src.schema if src else None),
+        source=SourceRef(src.id, src.kafka) if src else None,
+        mv_table=row.mv_table,
+        mv_schema=row.mv_schema,
+        columns=row.columns,
+        filter=row.filter,
+        rate_limit=row.rate_limit,
+        paused=row.paused,
+        snapshot_epoch=row.snapshot_epoch,
+    )
 
 
 # The barriers waiting for one of a worker's actors: in its graph, within its lifetime,
@@ -230,7 +225,7 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
         else {}
     )
     upstreams = _upstream_actors(s, actors)
-    specs: dict[int, dict[str, Any]] = {}
+    specs: dict[int, JobSpec] = {}
     ranges: dict[tuple[int, int, int], dict[str, tuple[int, int]]] = {}
     for actor in actors:
         barriers = by_actor.get(actor.id, [])
@@ -294,46 +289,34 @@ def _source_ranges(
     return {split: list(r) for split, r in cache[key].items()}
 
 
-def _restore(s: Session, actor: Any) -> dict[str, Any]:
+def _restore(s: Session, actor: Any) -> RestoreState:
     """Committed progress of the actor's vnodes (or splits), to restart from."""
+    finished = actor.state == "finished"
     if actor.splits:
-        rows = s.execute(
+        splits = s.execute(
             select(SplitProgress).where(
                 SplitProgress.job_id == actor.job_id, SplitProgress.split.in_(actor.splits)
             )
         ).scalars()
-        return {
-            "splits": [
-                {
-                    "split": p.split,
-                    "state": p.state,
-                    "offset": p.offset,
-                    "num_consumed_rows": p.num_consumed_rows,
-                    "target_offset": p.target_offset,
-                }
-                for p in rows
-            ],
-            "finished": actor.state == "finished",
-        }
+        return RestoreState(
+            splits=tuple(
+                SplitRestore(p.split, p.state, p.offset, p.num_consumed_rows, p.target_offset)
+                for p in splits
+            ),
+            finished=finished,
+        )
     vnodes = [v for lo, hi in actor.vnodes for v in range(lo, hi)]
     rows = s.execute(
         select(VnodeProgress).where(
             VnodeProgress.job_id == actor.job_id, VnodeProgress.vnode.in_(vnodes)
         )
     ).scalars()
-    return {
-        "vnodes": [
-            {
-                "vnode": p.vnode,
-                "state": p.state,
-                "current_pos": p.current_pos,
-                "row_count": p.row_count,
-                "epoch": p.epoch,
-            }
-            for p in rows
-        ],
-        "finished": actor.state == "finished",
-    }
+    return RestoreState(
+        vnodes=tuple(
+            VnodeRestore(p.vnode, p.state, p.current_pos, p.row_count, p.epoch) for p in rows
+        ),
+        finished=finished,
+    )
 
 
 def poll(

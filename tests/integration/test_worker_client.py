@@ -64,10 +64,10 @@ def test_a_retried_collect_is_applied_once(db: Database, fresh_db_url: str) -> N
         client.register("w", 4)
         make_job(db, "j", parallelism=1)
         loop.tick()
-        [a] = client.poll(timeout_ms=0)["assignments"]
-        [b] = a["barriers"]
+        [a] = client.poll(timeout_ms=0).assignments
+        [b] = a.barriers
         result = client.collect(
-            a["actor_id"], b["prev"], b["curr"], recovery_seq=a["recovery_seq"], rows=5
+            a.actor_id, b["prev"], b["curr"], recovery_seq=a.recovery_seq, rows=5
         )
         assert lossy.dropped == 1
         assert result["status"] == "duplicate"  # the first attempt was applied
@@ -105,11 +105,9 @@ def test_long_poll_returns_when_a_barrier_arrives(db: Database, fresh_db_url: st
         make_job(db, "j", parallelism=2)
         seen = 0
         for _ in range(20):
-            for a in client.poll(timeout_ms=5000)["assignments"]:
-                for b in a["barriers"]:
-                    client.collect(
-                        a["actor_id"], b["prev"], b["curr"], recovery_seq=a["recovery_seq"]
-                    )
+            for a in client.poll(timeout_ms=5000).assignments:
+                for b in a.barriers:
+                    client.collect(a.actor_id, b["prev"], b["curr"], recovery_seq=a.recovery_seq)
                     seen += 1
             if seen >= 10:
                 break
@@ -130,9 +128,10 @@ def test_each_error_code_reaches_the_worker_as_its_typed_error(
         client.register("w", 4)
         make_job(db, "j", parallelism=1)
         loop.tick()
-        [a] = client.poll(timeout_ms=0)["assignments"]
-        [b] = a["barriers"]
-        actor, seq = a["actor_id"], a["recovery_seq"]
+        [a] = client.poll(timeout_ms=0).assignments
+        [b] = a.barriers
+        actor, seq = a.actor_id, a.recovery_seq
+        assert a.job.name == "j" and a.restore is not None  # decoded once, typed
 
         def refused(call: Callable[[], object]) -> ProtocolError:
             with pytest.raises(ProtocolError) as e:
