@@ -74,8 +74,8 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         finally:
             if loop is not None:
                 loop.stop()
-            if authority is not None and worker_token is not None:
-                authority.retire(worker_token)
+            if authority is not None:  # the embedded worker's and a demo's
+                authority.retire_issued()
             if db is None:
                 database.close()
 
