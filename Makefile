@@ -32,11 +32,16 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/backfill serve
 
+# the tests' temporary files (an embedded Postgres among them) stay in the checkout:
+# pytest's shared default under /tmp keeps only its last three runs, so another run on
+# the machine could delete a running one's database
+PYTEST_TMP := --basetemp=.pytest-tmp
+
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_TMP) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_TMP) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -72,4 +77,4 @@ mutation: $(STAMP)
 	$(BIN)/python -m tests.kit.mutation --set $(MUTATION_SET) --jobs $(MUTATION_JOBS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache mutants
+	rm -rf $(VENV) .pytest_cache .pytest-tmp .mypy_cache .ruff_cache mutants

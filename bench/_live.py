@@ -15,6 +15,7 @@ from sqlalchemy import text
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.auth import http_client
 from tests.kit.live import live_server
 
@@ -29,7 +30,7 @@ def live_worker(
         database_url=url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False
     )
     with live_server(settings, db) as base:
-        worker = Worker(base, name, settings=Settings())
+        worker = Worker(base, name, settings=WorkerSettings())
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         try:

@@ -37,13 +37,13 @@ def _fake_worker(url: str, stop: threading.Event) -> None:
     while not stop.is_set():
         batch = [
             {
-                "actor_id": a["actor_id"],
-                "recovery_seq": a["recovery_seq"],
+                "actor_id": a.actor_id,
+                "recovery_seq": a.recovery_seq,
                 "prev_epoch": b["prev"],
                 "curr_epoch": b["curr"],
             }
-            for a in client.poll(timeout_ms=500)["assignments"]
-            for b in a["barriers"]
+            for a in client.poll(timeout_ms=500).assignments
+            for b in a.barriers
         ]
         if batch:
             client.collect_many(batch)

@@ -40,11 +40,9 @@ def _fake_worker(url: str, stop: Any) -> None:
     n = 0
     while not stop.is_set():
         batch = []
-        for a in client.poll(timeout_ms=500)["assignments"]:
-            mine = vnodes.setdefault(
-                a["actor_id"], [v for lo, hi in a["vnodes"] for v in range(lo, hi)]
-            )
-            for b in a["barriers"]:
+        for a in client.poll(timeout_ms=500).assignments:
+            mine = vnodes.setdefault(a.actor_id, [v for lo, hi in a.vnodes for v in range(lo, hi)])
+            for b in a.barriers:
                 n += 1
                 progress = {
                     "vnodes": [
@@ -54,8 +52,8 @@ def _fake_worker(url: str, stop: Any) -> None:
                 }
                 batch.append(
                     {
-                        "actor_id": a["actor_id"],
-                        "recovery_seq": a["recovery_seq"],
+                        "actor_id": a.actor_id,
+                        "recovery_seq": a.recovery_seq,
                         "prev_epoch": b["prev"],
                         "curr_epoch": b["curr"],
                         "progress": progress,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from service import heap
 from service.settings import SettingsError, load_settings
+from spark_workers.settings import WorkerSettings, WorkerSettingsError, load_worker_settings
 
 
 def _settings_or_exit(**overrides: object):  # type: ignore[no-untyped-def]
@@ -74,6 +75,10 @@ def _exit_cleanly_on_sigterm() -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings_or_exit(host=args.host, port=args.port, data_dir=args.data_dir)
+    if settings.embedded and settings.spawn_embedded_worker:
+        # the worker it spawns reads the same environment: a bad value fails here, once,
+        # rather than in every restart of that worker
+        _worker_settings_or_exit()
     _exit_cleanly_on_sigterm()
     import uvloop
 
@@ -92,11 +97,20 @@ def _positive(value: str) -> int:
     return n
 
 
+def _worker_settings_or_exit() -> WorkerSettings:
+    try:
+        return load_worker_settings()
+    except WorkerSettingsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
+    settings = _worker_settings_or_exit()
     require_java()
     from spark_workers.main import run_worker
 
-    return run_worker(args.control_plane, name=args.name, capacity=args.capacity)
+    return run_worker(args.control_plane, name=args.name, capacity=args.capacity, settings=settings)
 
 
 def cmd_db(args: argparse.Namespace) -> int:

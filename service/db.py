@@ -14,26 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
 from service.settings import Settings
+from state_store.options import NO_JIT
 
-# The store's reads are many short index walks (a UNION ALL branch per vnode): a server
-# built with LLVM would JIT-compile every branch, which costs far more than the query
-# itself (bench/HISTORY.md#jit-off).
-NO_JIT = "-c jit=off"
-# A worker's writes need not wait for the WAL flush: they count only once the control
-# plane commits their epoch, and that commit (synchronous) flushes the WAL up to itself,
-# past every write the workers committed before collecting. Waiting would add a flush
-# per actor, read and epoch, which the upstream's commits queue behind on a shared
-# server. A crash before the epoch's commit loses the epoch either way (recovery rolls
-# the view back to the committed epoch).
-WORKER_DATA_OPTIONS = NO_JIT + " -c synchronous_commit=off"
 READER_POOL_SIZE = 8
-# The advisory lock ("grap", graph id) the rounds of a Spark job spanning epochs fence
-# themselves with (``spark_workers.rounds``): each round holds it shared instead of
-# locking the graph's row, so that barriers and collects never wait for rounds; a
-# recovery takes it exclusively before it rolls back. The lock manager queues a shared
-# request behind a waiting exclusive one (row locks do not): a job's overlapping rounds
-# never keep a recovery out for longer than the rounds under way.
-GRAPH_GATE_LOCK = 0x6772_6170
 # deadlock_detected and serialization_failure: Postgres rolled the victim back whole
 RETRYABLE_PGCODES = frozenset({"40P01", "40001"})
 DEADLOCK_ATTEMPTS = 3

@@ -73,31 +73,6 @@ class Settings(BaseSettings):
     run_barrier_loop: bool = True
     spawn_embedded_worker: bool = True
 
-    # workers: when an epoch's snapshot reads go through Spark
-    spark_master: str = Field(default="local[*]", description="Spark master of each worker")
-    spark_mode: str = Field(
-        default="auto",
-        pattern=r"^(auto|always|never)$",
-        description="auto: Spark for large epochs (see spark_min_rows), the driver otherwise",
-    )
-    spark_min_rows: int = Field(default=100_000, ge=1, le=1_000_000_000)
-    spark_epoch_rows: int = Field(
-        default=400_000, ge=1, le=1_000_000_000, description="rows one Spark job reads per job"
-    )
-    spark_rounds: bool = Field(
-        default=True,
-        description="the Spark job of an unthrottled table backfill whose view runs inside "
-        "Postgres spans epochs: its groups of reads run as rounds at the epochs the worker "
-        "releases, and a barrier waits for the rounds under way only (spark_workers.rounds)",
-    )
-    pushdown: bool = Field(
-        default=True,
-        description="run a view that has a SQL form inside Postgres (each Spark task, and "
-        "the driver for small epochs, writes its snapshot reads with one INSERT ... SELECT) "
-        "instead of moving the rows through Spark or the driver; views with jsonb filter "
-        "leaves always move",
-    )
-
     @field_validator("database_url")
     @classmethod
     def _check_url(cls, v: str | None) -> str | None:

@@ -14,6 +14,7 @@ from backfill_core.executors.chain import ChainBackfill
 from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
 from backfill_core.executors.snapshot import SnapshotBackfill, VnodeBackfillProgress
 from backfill_core.executors.snapshot import VnodeState as SnapshotVnodeState
+from backfill_core.protocol import Assignment, RestoreState
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
 from backfill_core.view import View
 from state_store.pushdown import READ, write_view
@@ -56,57 +57,62 @@ def fence(cur: Any, graph_id: int, recovery_seq: int, actor_id: int) -> None:
 class ActorRunner:
     """Runs an arrangement-backfill actor against the state store (driver-side path)."""
 
-    def __init__(self, assignment: dict[str, Any], *, pushdown: bool = True) -> None:
-        job = assignment["job"]
-        if job["kind"] not in ("arrangement", "chain", "snapshot"):
-            raise ValueError(f"this worker cannot run {job['kind']!r} jobs yet")
-        self.kind: str = job["kind"]
-        self.actor_id: int = assignment["actor_id"]
-        self.recovery_seq: int = assignment["recovery_seq"]
-        self.graph_id: int = assignment["graph_id"]
-        self.job_id: int = assignment["job_id"]
-        self.job_columns: list[str] = list(job["columns"])
-        self.job_filter: Any = job["filter"]
-        up_schema = TableSchema.from_json(job["upstream_schema"])
-        self.upstream = VersionedTable(job["upstream_table"], up_schema)
-        self.mv = VersionedTable(job["mv_table"], TableSchema.from_json(job["mv_schema"]))
-        self.view = View.build(up_schema, job["columns"], job["filter"])
+    def __init__(self, assignment: Assignment, *, pushdown: bool = True) -> None:
+        job = assignment.job
+        if job.kind not in ("arrangement", "chain", "snapshot"):
+            raise ValueError(f"this worker cannot run {job.kind!r} jobs yet")
+        if job.upstream_table is None or job.upstream_schema is None:
+            raise ValueError(f"job {job.name!r} reads no table")
+        self.kind: str = job.kind
+        self.actor_id: int = assignment.actor_id
+        self.recovery_seq: int = assignment.recovery_seq
+        self.graph_id: int = assignment.graph_id
+        self.job_id: int = assignment.job_id
+        self.job_columns: list[str] = list(job.columns)
+        self.job_filter: Any = job.filter
+        up_schema = TableSchema.from_json(job.upstream_schema)
+        self.upstream = VersionedTable(job.upstream_table, up_schema)
+        self.mv = VersionedTable(job.mv_table, TableSchema.from_json(job.mv_schema))
+        self.view = View.build(up_schema, job.columns, job.filter)
         # the driver's reads run inside Postgres too when the view has a SQL form: the
         # rows never reach this process, which saves the CPU the upstream shares
-        self.pushed_where = filter_sql(job["filter"], up_schema, READ) if pushdown else None
+        self.pushed_where = filter_sql(job.filter, up_schema, READ) if pushdown else None
         self._pk_types = up_schema.pk_types
         self.pk_types = up_schema.pk_types
         self.estimated_rows: int | None = None  # this actor's share of the upstream
         # its snapshot reads run in a Spark job spanning epochs (``spark_workers.rounds``):
         # nothing else reads for it meanwhile
         self.in_rounds = False
-        self.vnode_ranges: list[tuple[int, int]] = [(lo, hi) for lo, hi in assignment["vnodes"]]
+        self.vnode_ranges: list[tuple[int, int]] = [(lo, hi) for lo, hi in assignment.vnodes]
         vnodes = [v for lo, hi in self.vnode_ranges for v in range(lo, hi)]
-        restore = assignment.get("restore") or {}
+        restore = assignment.restore or RestoreState()
         self.executor: ArrangementBackfill | ChainBackfill | SnapshotBackfill
         self._truncate = False
         if self.kind == "snapshot":
+            if job.snapshot_epoch is None:
+                raise ValueError(f"snapshot job {job.name!r} has no snapshot epoch")
+            snapshot_epoch = job.snapshot_epoch
             self.executor = SnapshotBackfill(
                 self.actor_id,
                 vnodes,
                 self.upstream.key_of,
-                int(job["snapshot_epoch"]),
-                rate_limit=job["rate_limit"],
-                paused=job["paused"],
-                restore=self._restore_snapshot(restore, int(job["snapshot_epoch"])),
-                created=job.get("state") == "created",
+                snapshot_epoch,
+                rate_limit=job.rate_limit,
+                paused=job.paused,
+                restore=self._restore_snapshot(restore, snapshot_epoch),
+                created=job.state == "created",
             )
         elif self.kind == "chain":
             # no mid-backfill progress (as in the seed): unless the job was created, the
             # actor starts over on an empty view of its vnodes
-            finished = bool(restore.get("finished")) or job.get("state") == "created"
+            finished = restore.finished or job.state == "created"
             self._truncate = not finished
             self.executor = ChainBackfill(
                 self.actor_id,
                 vnodes,
                 self.upstream.key_of,
-                rate_limit=job["rate_limit"],
-                paused=job["paused"],
+                rate_limit=job.rate_limit,
+                paused=job.paused,
                 finished=finished,
             )
         else:
@@ -114,8 +120,8 @@ class ActorRunner:
                 self.actor_id,
                 vnodes,
                 self.upstream.key_of,
-                rate_limit=job["rate_limit"],
-                paused=job["paused"],
+                rate_limit=job.rate_limit,
+                paused=job.paused,
                 restore=self._restore(restore),
             )
 
@@ -127,28 +133,24 @@ class ActorRunner:
             return None
         return tuple(coerce_value(t, x) for t, x in zip(self._pk_types, pos, strict=True))
 
-    def _restore(self, restore: dict[str, Any]) -> dict[int, VnodeProgress]:
-        out = {}
-        for v in restore.get("vnodes", []):
-            key = self._key(v.get("current_pos"))
-            out[int(v["vnode"])] = VnodeProgress(
-                VnodeState(v["state"]), key, int(v.get("row_count", 0))
-            )
-        return out
+    def _restore(self, restore: RestoreState) -> dict[int, VnodeProgress]:
+        return {
+            v.vnode: VnodeProgress(VnodeState(v.state), self._key(v.current_pos), v.row_count)
+            for v in restore.vnodes
+        }
 
     def _restore_snapshot(
-        self, restore: dict[str, Any], snapshot_epoch: int
+        self, restore: RestoreState, snapshot_epoch: int
     ) -> dict[int, VnodeBackfillProgress]:
         # Progress is stored at the committed epoch, a fake one during the snapshot: the
         # executor counts it at the snapshot epoch there (and at the first barrier's
         # epoch once the snapshot is over, see ``_first_snapshot_barrier``).
-        out = {}
-        for v in restore.get("vnodes", []):
-            key = self._key(v.get("current_pos"))
-            out[int(v["vnode"])] = VnodeBackfillProgress(
-                snapshot_epoch, int(v.get("row_count", 0)), SnapshotVnodeState(v["state"]), key
+        return {
+            v.vnode: VnodeBackfillProgress(
+                snapshot_epoch, v.row_count, SnapshotVnodeState(v.state), self._key(v.current_pos)
             )
-        return out
+            for v in restore.vnodes
+        }
 
     def _first_snapshot_barrier(self, ex: SnapshotBackfill, barrier: Barrier) -> None:
         """Resuming after the snapshot: every vnode is consumed at the committed epoch."""

@@ -17,16 +17,25 @@ from typing import Any
 
 import httpx
 
+from backfill_core.protocol import ErrorBody, ErrorCode, PollAnswer
+
 log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = {502, 503, 504}
 
 
 class ProtocolError(Exception):
+    """The control plane refused a request. Decoded once, here: the worker branches on
+    ``code`` (None: not one of the protocol's codes, such as a validation error or a
+    proxy's page), never on the message."""
+
     def __init__(self, status: int, body: Any) -> None:
         super().__init__(f"control plane answered {status}: {body}")
         self.status = status
         self.body = body
+        self.error = ErrorBody.from_json(body)
+        self.code: ErrorCode | None = self.error.protocol_code
+        self.actor_id = self.error.actor_id  # the actor it is about, if any
 
 
 class WorkerGone(ProtocolError):
@@ -86,14 +95,15 @@ class ControlPlaneClient:
 
     @staticmethod
     def _json(r: httpx.Response, ok: int = 200) -> Any:
-        if r.status_code == 410:
-            raise WorkerGone(r.status_code, r.json())
         if r.status_code != ok:
             try:
                 body = r.json()
             except ValueError:
                 body = r.text
-            raise ProtocolError(r.status_code, body)
+            error = ProtocolError(r.status_code, body)
+            if error.code is ErrorCode.WORKER_GONE:
+                raise WorkerGone(r.status_code, body)
+            raise error
         return r.json() if r.content else None
 
     def register(self, name: str, capacity: int) -> dict[str, Any]:
@@ -107,7 +117,7 @@ class ControlPlaneClient:
     def heartbeat(self) -> None:
         self._json(self._call("POST", f"/v1/workers/{self.worker_id}/heartbeat"), 204)
 
-    def poll(self, timeout_ms: int = 5000, *, barrier_wanted: bool = False) -> dict[str, Any]:
+    def poll(self, timeout_ms: int = 5000, *, barrier_wanted: bool = False) -> PollAnswer:
         extra = httpx.Timeout(self.http.timeout.read or 10.0)
         wait = max(extra.read or 0.0, timeout_ms / 1000 + 10)
         params: dict[str, Any] = {"timeout_ms": timeout_ms}
@@ -119,8 +129,7 @@ class ControlPlaneClient:
             params=params,
             timeout=httpx.Timeout(wait),
         )
-        body: dict[str, Any] = self._json(r)
-        return body
+        return PollAnswer.from_json(self._json(r))
 
     def collect(
         self,

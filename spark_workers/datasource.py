@@ -42,7 +42,7 @@ from pyspark.sql.datasource import (
 )
 
 from backfill_core.schema import ColumnType, TableSchema, coerce_value, value_to_json
-from service.db import WORKER_DATA_OPTIONS
+from state_store.options import WORKER_DATA_OPTIONS
 
 FORMAT = "backfill_store"
 
@@ -224,6 +224,15 @@ def _stream_csv(cur: Any, copy: Any, schema: TableSchema) -> Iterator[Any]:
         elif c.type is ColumnType.BYTEA:
             wire[i + 1] = pa.string()  # \x hex on the wire
     bytea = [i + 1 for i, c in enumerate(schema.columns) if c.type is ColumnType.BYTEA]
+    read_opts = pacsv.ReadOptions(column_names=names, block_size=4 << 20)
+    convert_opts = pacsv.ConvertOptions(
+        column_types=dict(zip(names, wire, strict=True)),
+        true_values=["t"],
+        false_values=["f"],
+        null_values=[""],
+        strings_can_be_null=True,
+        quoted_strings_can_be_null=False,
+    )
     r, w = os.pipe()
     failure: list[BaseException] = []
 
@@ -238,17 +247,11 @@ def _stream_csv(cur: Any, copy: Any, schema: TableSchema) -> Iterator[Any]:
     producer.start()
     try:
         with os.fdopen(r, "rb") as source:
-            reader = pacsv.open_csv(
-                source,
-                read_options=pacsv.ReadOptions(column_names=names, block_size=4 << 20),
-                convert_options=pacsv.ConvertOptions(
-                    column_types=dict(zip(names, wire, strict=True)),
-                    true_values=["t"],
-                    false_values=["f"],
-                    null_values=[""],
-                    strings_can_be_null=True,
-                    quoted_strings_can_be_null=False,
-                ),
+            # no bytes, no rows: pyarrow refuses an empty CSV (a producer's error is below)
+            reader = (
+                pacsv.open_csv(source, read_options=read_opts, convert_options=convert_opts)
+                if source.peek(1)
+                else ()
             )
             for batch in reader:
                 cols = list(batch.columns)
@@ -258,9 +261,6 @@ def _stream_csv(cur: Any, copy: Any, schema: TableSchema) -> Iterator[Any]:
                         type=pa.binary(),
                     )
                 yield _canonical(pa.RecordBatch.from_arrays(cols, names=names), types)
-    except pa.ArrowInvalid as e:
-        if "Empty CSV file" not in str(e):
-            raise
     finally:
         producer.join()
     if failure:
@@ -369,9 +369,11 @@ def _fence(cur: Any, graph_id: int, recovery_seq: int) -> None:
         raise fenced_off(graph_id)
 
 
-FENCED_OFF = "recovered past this write"  # what a task's fence failure says (runtime)
+class FencedOff(RuntimeError):
+    """A Spark task's fence found its graph recovered. It reaches the driver as text
+    only (through Py4J), so the driver does not parse it: it looks at the graph itself
+    (``Worker._recovered_graph``)."""
 
 
-def fenced_off(graph_id: int) -> RuntimeError:
-    """The error of a Spark task whose fence found the graph recovered."""
-    return RuntimeError(f"graph {graph_id} {FENCED_OFF}; the task stops")
+def fenced_off(graph_id: int) -> FencedOff:
+    return FencedOff(f"graph {graph_id} recovered past this write; the task stops")

@@ -102,8 +102,8 @@ def run_ranges(plan: dict[str, Any], ranges: list[list[Any]]) -> list[tuple[Any,
     from backfill_core.schema import TableSchema
     from backfill_core.view import View
     from connectors.kafka import KafkaClient, KafkaSpec, parse_row
-    from service.db import WORKER_DATA_OPTIONS
     from spark_workers.datasource import _fence
+    from state_store.options import WORKER_DATA_OPTIONS
     from state_store.versioned import VersionedTable
 
     client = KafkaClient(KafkaSpec.from_json(plan["kafka"]))

@@ -26,8 +26,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from backfill_core.schema import value_to_json
-from service.db import GRAPH_GATE_LOCK, WORKER_DATA_OPTIONS
 from spark_workers.datasource import Plan, _fence, fenced_off
+from state_store.locks import GRAPH_GATE_LOCK
+from state_store.options import WORKER_DATA_OPTIONS
 
 T = TypeVar("T")
 NO_ROWS = -1  # the vnode of a group's one entry when it read no rows (it still ran)

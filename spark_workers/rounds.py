@@ -77,6 +77,8 @@ class RoundsJob:
             for b in r.executor.next_batch_reads(groups * WHOLE_VNODES, groups):
                 self.batches.append((r, b))
         self.error: BaseException | None = None
+        # the (graph, recovery sequence) its tasks fence their rounds with, once started
+        self.fence: tuple[int, int] | None = None
         self.rounds = 0  # accounted so far
         self.epochs: set[int] = set()  # the epochs they were written at
         self.released: tuple[int, int] | None = None  # (read, write) epochs
@@ -89,6 +91,7 @@ class RoundsJob:
             return False
         read_epoch, write_epoch = self._epochs()
         plan = self.path.pushdown_plan(self.batches, self.token, read_epoch) | {"rounds": True}
+        self.fence = (plan["graph_id"], plan["recovery_seq"])
         self.path.queue_statement(
             "INSERT INTO work_queues (token, read_epoch, write_epoch) VALUES (%s, %s, %s)",
             self.token,

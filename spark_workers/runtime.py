@@ -19,13 +19,14 @@ from typing import Any
 import httpx
 import psycopg2
 
-from service.db import WORKER_DATA_OPTIONS
-from service.settings import Settings, load_settings
+from backfill_core.protocol import SUPERSEDED, Assignment, ErrorCode
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.rounds import RoundsJob, rounds_eligible
+from spark_workers.settings import WorkerSettings, load_worker_settings
 from spark_workers.source_actor import SourceRunner
 from spark_workers.spark_path import SparkPath, round_rows
+from state_store.options import WORKER_DATA_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +39,9 @@ class Worker:
         control_plane_url: str,
         name: str | None = None,
         capacity: int = 64,
-        settings: Settings | None = None,
+        settings: WorkerSettings | None = None,
     ) -> None:
-        self.settings = settings or load_settings()
+        self.settings = settings or load_worker_settings()
         token = self.settings.worker_token
         self.client = ControlPlaneClient(
             control_plane_url, token=token.get_secret_value() if token else None
@@ -129,8 +130,9 @@ class Worker:
 
     def _stale_collect(self, e: ProtocolError) -> int | None:
         """The graph of a collect refused as stale (its graph recovered meanwhile)."""
-        actor = self._refused_actor(e, "stale")
-        runner = self.runners.get(actor) if actor is not None else None
+        if e.code not in SUPERSEDED or e.actor_id is None:
+            return None
+        runner = self.runners.get(e.actor_id)
         return runner.graph_id if runner is not None else None
 
     def _superseded(self, graph_id: int, why: str) -> None:
@@ -179,15 +181,15 @@ class Worker:
     def _step(self) -> None:
         busy = any(r.has_reads() for r in self.runners.values())
         wanted, self.barrier_wanted = self.barrier_wanted, False
-        assignments = self.client.poll(timeout_ms=0 if busy else 2_000, barrier_wanted=wanted)[
-            "assignments"
-        ]
+        assignments = self.client.poll(
+            timeout_ms=0 if busy else 2_000, barrier_wanted=wanted
+        ).assignments
         before = set(self.runners)
         self._rounds_at(assignments)
         # actors forgotten there (dropped with their job under their rounds) are gone for
         # good, though this poll, older than the drop, still lists them
         gone = before - set(self.runners)
-        assignments = [a for a in assignments if a["actor_id"] not in gone]
+        assignments = [a for a in assignments if a.actor_id not in gone]
         collects = self._barriers(assignments)
         if self.rounds is not None:
             self.rounds.release()  # its rounds go on while the barriers are collected
@@ -199,7 +201,7 @@ class Worker:
                 # a batch is all or nothing: again without the actors dropped meanwhile,
                 # or without the graph that recovered meanwhile (its actors wait for the
                 # recovery's initial barrier; the other graphs' collects still count)
-                gone = self._refused_actor(e, "is not assigned to worker")
+                gone = e.actor_id if e.code is ErrorCode.ACTOR_NOT_ASSIGNED else None
                 if gone is not None and self._forget_if_dropped([gone]):
                     collects = [c for c in collects if c["actor_id"] != gone]
                     continue
@@ -212,15 +214,15 @@ class Worker:
 
     # a Spark job spanning epochs --------------------------------------------
 
-    def _rounds_at(self, assignments: list[dict[str, Any]]) -> None:
+    def _rounds_at(self, assignments: list[Assignment]) -> None:
         """Before barriers are handled: account for the rounds of the epoch they close,
         or end the job when it is over or the barriers change its actors."""
         job = self.rounds
         if job is None:
             return
         ids = {r.actor_id for r in job.runners}
-        mine = [a for a in assignments if a["actor_id"] in ids]
-        barriers = [b for a in mine for b in a["barriers"]]
+        mine = [a for a in assignments if a.actor_id in ids]
+        barriers = [b for a in mine for b in a.barriers]
         if (
             len(mine) < len(ids)
             or any(b["kind"] == "initial" for b in barriers)
@@ -243,7 +245,7 @@ class Worker:
         elif barriers:
             # every actor of the job has the same last barrier: the epochs they will be at
             # are released at once; otherwise once they opened them (``RoundsJob.release``)
-            lasts = [a["barriers"][-1] if a["barriers"] else None for a in mine]
+            lasts = [a.barriers[-1] if a.barriers else None for a in mine]
             first = lasts[0]
             same = first is not None and all(
                 b is not None and b["curr"] == first["curr"] for b in lasts
@@ -274,11 +276,14 @@ class Worker:
             and job.error is not None
             and not self._forget_if_dropped([r.actor_id for r in job.runners])
         ):
-            from spark_workers.datasource import FENCED_OFF
-
-            if FENCED_OFF in str(job.error):  # a round's fence
+            fences = [job.fence] if job.fence is not None else []
+            # its graph recovered meanwhile: a round met its fence (or failed for a
+            # reason the recovery makes moot)
+            if self._recovered_graph(fences) is not None:
                 graph_id = job.runners[0].graph_id
-                raise Fenced(graph_id, f"Spark rounds of graph {graph_id} were fenced off")
+                raise Fenced(
+                    graph_id, f"Spark rounds of graph {graph_id} were fenced off"
+                ) from job.error
             raise job.error
 
     def _start_rounds(self, large: list[ActorRunner | SourceRunner]) -> None:
@@ -306,17 +311,6 @@ class Worker:
         last rounds is wanted now, not at the interval."""
         self.client.poll(timeout_ms=0, barrier_wanted=True)
 
-    @staticmethod
-    def _refused_actor(e: ProtocolError, why: str) -> int | None:
-        """The actor of a collect refused with a 409 whose message says ``why``."""
-        if e.status != 409 or not isinstance(e.body, dict):
-            return None
-        error = e.body.get("error") or {}
-        if why not in str(error.get("message", "")):
-            return None
-        actor = (error.get("details") or {}).get("actor_id")
-        return int(actor) if isinstance(actor, int) else None
-
     def _forget_if_dropped(self, actor_ids: list[int]) -> bool:
         """Forget the actors among ``actor_ids`` that are gone from the catalog (their job
         was cancelled or dropped while they worked: what failed was their own work, so it
@@ -334,46 +328,63 @@ class Worker:
             self.runners.pop(actor_id, None)
         return bool(gone)
 
-    def _barriers(self, assignments: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        live = {a["actor_id"] for a in assignments}
+    def _recovered_graph(self, incarnations: list[tuple[int, int]]) -> int | None:
+        """The first graph among these (graph, recovery sequence) pairs that recovered
+        since (or is gone). A Spark task's fence failure reaches the driver only as text
+        (through Py4J): the driver looks at what the fence looked at instead, and the
+        answer is the same, as a graph's recovery sequence only grows."""
+        if self.conn is None or not incarnations:
+            return None
+        self.conn.rollback()
+        with self.conn.cursor() as cur:
+            cur.execute(
+                "SELECT id, recovery_seq FROM graphs WHERE id = ANY(%s)",
+                (sorted({g for g, _ in incarnations}),),
+            )
+            now = {int(g): int(seq) for g, seq in cur.fetchall()}
+        self.conn.rollback()
+        return next((g for g, seq in incarnations if now.get(g) != seq), None)
+
+    def _barriers(self, assignments: list[Assignment]) -> list[dict[str, Any]]:
+        live = {a.actor_id for a in assignments}
         for actor_id in list(self.runners):
             if actor_id not in live:
                 del self.runners[actor_id]  # stopped, moved or dropped
         collects = []
         for a in assignments:
-            barriers = a["barriers"]
-            runner = self.runners.get(a["actor_id"])
-            restart = barriers and (barriers[0]["kind"] == "initial" or a["restore"] is not None)
+            barriers = a.barriers
+            runner = self.runners.get(a.actor_id)
+            restart = barriers and (barriers[0]["kind"] == "initial" or a.restore is not None)
             if (
                 runner is not None
                 and barriers
                 and barriers[0]["kind"] != "initial"
-                and runner.graph_id != a["graph_id"]
+                and runner.graph_id != a.graph_id
             ):
                 # a snapshot backfill merged into the main graph: its executor goes on
-                runner.rebind(a["graph_id"], a["recovery_seq"])
+                runner.rebind(a.graph_id, a.recovery_seq)
                 restart = False
-            if runner is None or restart or runner.recovery_seq != a["recovery_seq"]:
+            if runner is None or restart or runner.recovery_seq != a.recovery_seq:
                 if not barriers:
                     continue  # wait for its first barrier
-                if a["restore"] is None:
+                if a.restore is None:
                     # its state is gone (this worker failed): only a recovery can restart it
-                    raise RuntimeError(f"actor {a['actor_id']} lost its state; asking for recovery")
+                    raise RuntimeError(f"actor {a.actor_id} lost its state; asking for recovery")
                 runner = (
                     SourceRunner(a)
-                    if a["job"]["kind"] == "source"
+                    if a.job.kind == "source"
                     else ActorRunner(a, pushdown=self.settings.pushdown)
                 )
-                self.runners[a["actor_id"]] = runner
+                self.runners[a.actor_id] = runner
             if len(barriers) > 1 and isinstance(runner, SourceRunner):
                 runner.prefetch(barriers)
             try:
                 for b in barriers:
                     collects.append(runner.on_barrier(self.conn, b))
             except Exception:
-                if not self._forget_if_dropped([a["actor_id"]]):
+                if not self._forget_if_dropped([a.actor_id]):
                     raise
-                collects = [c for c in collects if c["actor_id"] != a["actor_id"]]
+                collects = [c for c in collects if c["actor_id"] != a.actor_id]
         return collects
 
     def _spark_runners(self) -> list[ActorRunner | SourceRunner]:
@@ -409,12 +420,20 @@ class Worker:
 
     @contextlib.contextmanager
     def _unless_dropped(self, runners: list[ActorRunner | SourceRunner]) -> Iterator[None]:
-        """Reads of actors whose job is dropped meanwhile may fail: forget those actors."""
+        """Reads of actors whose job is dropped meanwhile may fail: forget those actors.
+        Reads of actors whose graph recovered meanwhile (a Spark task's fence) are
+        superseded (``Fenced``), not failed."""
         try:
             yield
-        except Exception:
-            if not self._forget_if_dropped([r.actor_id for r in runners]):
+        except Exception as e:
+            if self._forget_if_dropped([r.actor_id for r in runners]):
+                return
+            if isinstance(e, Fenced):
                 raise
+            graph_id = self._recovered_graph([(r.graph_id, r.recovery_seq) for r in runners])
+            if graph_id is None:
+                raise
+            raise Fenced(graph_id, f"reads of graph {graph_id} were fenced off: {e}") from e
 
     def _read_until_next_barrier(self) -> None:
         # unthrottled table actors with reads left: should they run out now, they are done
@@ -455,15 +474,20 @@ class Worker:
                     for r in reading
                 )
                 return
-            pending = self.client.poll(timeout_ms=0)["assignments"]
-            if any(a["barriers"] for a in pending):
+            pending = self.client.poll(timeout_ms=0).assignments
+            if any(a.barriers for a in pending):
                 return
 
 
-def run_worker(control_plane_url: str, name: str | None = None, capacity: int = 64) -> int:
+def run_worker(
+    control_plane_url: str,
+    name: str | None = None,
+    capacity: int = 64,
+    settings: WorkerSettings | None = None,
+) -> int:
     import signal
 
-    worker = Worker(control_plane_url, name, capacity=capacity)
+    worker = Worker(control_plane_url, name, capacity=capacity, settings=settings)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stop_event.set())
     return worker.run()

@@ -12,11 +12,17 @@ from bisect import bisect_left
 from typing import Any
 
 from backfill_core.changes import Version
-from backfill_core.executors.source import OffsetRead, SourceBackfill, SplitProgress, SplitState
+from backfill_core.executors.source import (
+    OffsetRead,
+    SourceBackfill,
+    SplitProgress,
+    SplitState,
+    split_key,
+)
+from backfill_core.protocol import Assignment, RestoreState, SplitRestore
 from backfill_core.schema import TableSchema
 from backfill_core.view import View
 from connectors.kafka import KafkaClient, KafkaSpec, Message, backfill_stop, parse_row
-from service.meta.sources import split_key
 from spark_workers.actors import barrier_of, fence
 from state_store.versioned import VersionedTable
 
@@ -39,38 +45,36 @@ def _offset(m: Message) -> int:
     return m.offset
 
 
-def _progress(row: dict[str, Any]) -> SplitProgress:
-    offset, target = row.get("offset"), row.get("target_offset")
+def _progress(split: SplitRestore) -> SplitProgress:
     return SplitProgress(
-        SplitState(row["state"]),
-        None if offset is None else int(offset),
-        int(row.get("num_consumed_rows") or 0),
-        None if target is None else int(target),
+        SplitState(split.state), split.offset, split.num_consumed_rows, split.target_offset
     )
 
 
 class SourceRunner:
     kind = "source"
 
-    def __init__(self, assignment: dict[str, Any]) -> None:
-        job = assignment["job"]
-        self.actor_id: int = assignment["actor_id"]
-        self.recovery_seq: int = assignment["recovery_seq"]
-        self.graph_id: int = assignment["graph_id"]
-        self.job_id: int = assignment["job_id"]
-        self.spec = KafkaSpec.from_json(job["source"]["kafka"])
-        self.schema = TableSchema.from_json(job["upstream_schema"])
-        self.mv = VersionedTable(job["mv_table"], TableSchema.from_json(job["mv_schema"]))
-        self.job_columns: list[str] = list(job["columns"])
-        self.job_filter: Any = job["filter"]
-        self.view = View.build(self.schema, job["columns"], job["filter"])
-        restore = assignment.get("restore") or {}
+    def __init__(self, assignment: Assignment) -> None:
+        job = assignment.job
+        if job.source is None or job.upstream_schema is None:
+            raise ValueError(f"job {job.name!r} reads no source")
+        self.actor_id: int = assignment.actor_id
+        self.recovery_seq: int = assignment.recovery_seq
+        self.graph_id: int = assignment.graph_id
+        self.job_id: int = assignment.job_id
+        self.spec = KafkaSpec.from_json(job.source.kafka)
+        self.schema = TableSchema.from_json(job.upstream_schema)
+        self.mv = VersionedTable(job.mv_table, TableSchema.from_json(job.mv_schema))
+        self.job_columns: list[str] = list(job.columns)
+        self.job_filter: Any = job.filter
+        self.view = View.build(self.schema, job.columns, job.filter)
+        restore = assignment.restore or RestoreState()
         self.executor = SourceBackfill(
             self.actor_id,
-            [str(x) for x in assignment["splits"]],
-            rate_limit=job["rate_limit"],
-            paused=job["paused"],
-            restore={r["split"]: _progress(r) for r in restore.get("splits", [])},
+            list(assignment.splits),
+            rate_limit=job.rate_limit,
+            paused=job.paused,
+            restore={s.split: _progress(s) for s in restore.splits},
         )
         self._client: KafkaClient | None = None
         # split -> (lo, hi, messages in [lo, hi)): upstream rows read ahead

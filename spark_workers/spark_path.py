@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from backfill_core.executors.messages import SnapshotBatchRead, SnapshotRead
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
-from service.db import WORKER_DATA_OPTIONS
+from state_store.options import WORKER_DATA_OPTIONS
 
 if TYPE_CHECKING:
     from backfill_core.executors.source import OffsetRead

@@ -59,6 +59,7 @@ __all__ = [
     "on_source_end",
     "on_upstream_row",
     "should_report_finished",
+    "split_key",
     "split_order",
     "split_visible_prefix",
 ]
@@ -206,12 +207,15 @@ def should_report_finished(progress: Mapping[str, SplitProgress]) -> bool:
     return all(p.state is not SplitState.BACKFILLING for p in progress.values())
 
 
+def split_key(split: str) -> tuple[int, str]:
+    """The sort key of a split id, wherever splits are listed (control plane and worker):
+    partition numbers numerically, any other id after them."""
+    return (int(split), split) if split.isdigit() else (1 << 62, split)
+
+
 def split_order(splits: Iterable[str]) -> list[str]:
-    """Splits sorted numerically when they are all partition numbers, else as strings."""
-    ss = list(splits)
-    if all(s.isdigit() for s in ss):
-        return sorted(ss, key=lambda s: (int(s), s))
-    return sorted(ss)
+    """Splits in ``split_key`` order."""
+    return sorted(splits, key=split_key)
 
 
 class SourceBackfill:

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,6 +28,17 @@ from service.settings import Settings, load_settings
 log = logging.getLogger(__name__)
 
 API_VERSION = "0.1.0"
+# the document's groups (a generated client's API classes), one per resource; `internal`
+# is the worker protocol's, whose operations are also marked `x-internal`
+OPENAPI_TAGS: list[dict[str, Any]] = [
+    {"name": "tables", "description": "Tables, their DML and their rows at an epoch."},
+    {"name": "sources", "description": "Kafka topics of JSON objects, read as tables."},
+    {"name": "jobs", "description": "Materialized views and their online backfill."},
+    {"name": "events", "description": "What happens to jobs, as Server-Sent Events."},
+    {"name": "health", "description": "Liveness and readiness probes."},
+    {"name": "metrics", "description": "Prometheus metrics."},
+    {"name": "internal", "description": "The worker protocol: for workers only."},
+]
 
 
 def create_app(settings: Settings | None = None, db: Database | None = None) -> FastAPI:
@@ -62,8 +74,8 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         finally:
             if loop is not None:
                 loop.stop()
-            if authority is not None and worker_token is not None:
-                authority.retire(worker_token)
+            if authority is not None:  # the embedded worker's and a demo's
+                authority.retire_issued()
             if db is None:
                 database.close()
 
@@ -73,6 +85,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         description="Create materialized views over live tables and Kafka sources, "
         "backfilled online with exactly-once results at every committed epoch.",
         lifespan=lifespan,
+        openapi_tags=OPENAPI_TAGS,
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from backfill_core.protocol import ErrorBody as ProtocolErrorBody
 from service.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def error_response(
     details: Any = None,
     headers: dict[str, str] | None = None,
 ) -> JSONResponse:
-    body = {"error": {"code": code, "message": message, "details": jsonable_encoder(details)}}
+    body = ProtocolErrorBody(code, message, jsonable_encoder(details)).to_json()
     return _ErrorJSON(status_code=status, content=body, headers=headers)
 
 

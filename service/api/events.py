@@ -100,12 +100,22 @@ def stream_from(
 From = Annotated[StreamFrom, Depends(stream_from)]
 
 
-@router.get("/v1/events", response_class=StreamingResponse, responses=SSE_RESPONSE)
+@router.get(
+    "/v1/events",
+    response_class=StreamingResponse,
+    responses=SSE_RESPONSE,
+    operation_id="streamEvents",
+)
 def all_events(request: Request, ctx: Ctx, at: From) -> StreamingResponse:
     return _response(_stream(request, ctx, at.start, None, at.follow))
 
 
-@router.get("/v1/jobs/{job_id}/events", response_class=StreamingResponse, responses=SSE_RESPONSE)
+@router.get(
+    "/v1/jobs/{job_id}/events",
+    response_class=StreamingResponse,
+    responses=SSE_RESPONSE,
+    operation_id="streamJobEvents",
+)
 def job_events(job_id: int, request: Request, ctx: Ctx, at: From) -> StreamingResponse:
     jobs.get_job(ctx.db, job_id)  # 404 for an unknown job, before the stream starts
     return _response(_stream(request, ctx, at.start, job_id, at.follow))

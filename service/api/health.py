@@ -26,12 +26,17 @@ class Readiness(BaseModel):
     migrations_head: str | None
 
 
-@router.get("/healthz", response_model=Health)
+@router.get("/healthz", response_model=Health, operation_id="getHealth")
 def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Readiness, responses={503: {"model": Readiness}})
+@router.get(
+    "/readyz",
+    response_model=Readiness,
+    responses={503: {"model": Readiness}},
+    operation_id="getReadiness",
+)
 def readyz(ctx: Annotated[ServiceContext, Depends(get_ctx)]) -> Readiness | JSONResponse:
     db_ok = ctx.db.ping()
     current = head = None

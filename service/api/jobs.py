@@ -184,7 +184,13 @@ def _view(ctx: ServiceContext, job: Job) -> JobView:
     )
 
 
-@router.post("", status_code=202, response_model=JobView, responses={201: {"model": JobView}})
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobView,
+    responses={201: {"model": JobView}},
+    operation_id="createJob",
+)
 def create_job(body: JobCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
     spec = jobs.JobSpec(
         name=body.name,
@@ -244,7 +250,7 @@ def _answer_create(ctx: ServiceContext, job: Job, background: bool) -> tuple[int
     return (201 if job.state == "created" and not background else 202), _view(ctx, job)
 
 
-@router.get("", response_model=JobList, responses=NOT_MODIFIED)
+@router.get("", response_model=JobList, responses=NOT_MODIFIED, operation_id="listJobs")
 def list_jobs(
     ctx: Ctx,
     request: Request,
@@ -262,12 +268,17 @@ def list_jobs(
     return conditional(request, body)
 
 
-@router.get("/{job_id}", response_model=JobView, responses=NOT_MODIFIED)
+@router.get("/{job_id}", response_model=JobView, responses=NOT_MODIFIED, operation_id="getJob")
 def get_job(job_id: int, ctx: Ctx, request: Request) -> Response:
     return conditional(request, _view(ctx, jobs.get_job(ctx.db, job_id)))
 
 
-@router.get("/{job_id}/progress", response_model=Progress, responses=NOT_MODIFIED)
+@router.get(
+    "/{job_id}/progress",
+    response_model=Progress,
+    responses=NOT_MODIFIED,
+    operation_id="getJobProgress",
+)
 def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
     snap = progress_snapshot(ctx.db, job_id)
     rows, kept = snap.vnodes, snap.kept
@@ -320,30 +331,30 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
     return conditional(request, body)
 
 
-@router.post("/{job_id}/pause", response_model=JobView)
+@router.post("/{job_id}/pause", response_model=JobView, operation_id="pauseJob")
 def pause(job_id: int, ctx: Ctx) -> JobView:
     return _view(ctx, _steered(ctx, jobs.set_paused(ctx.db, job_id, True)))
 
 
-@router.post("/{job_id}/resume", response_model=JobView)
+@router.post("/{job_id}/resume", response_model=JobView, operation_id="resumeJob")
 def resume(job_id: int, ctx: Ctx) -> JobView:
     return _view(ctx, _steered(ctx, jobs.set_paused(ctx.db, job_id, False)))
 
 
-@router.patch("/{job_id}", response_model=JobView)
+@router.patch("/{job_id}", response_model=JobView, operation_id="updateJob")
 def patch_job(job_id: int, body: JobPatch, ctx: Ctx) -> JobView:
     fields = body.model_fields_set
     job = jobs.update_job(ctx.db, job_id, body.rate_limit, body.parallelism, "rate_limit" in fields)
     return _view(ctx, _steered(ctx, job))
 
 
-@router.delete("/{job_id}", status_code=204, response_class=Response)
+@router.delete("/{job_id}", status_code=204, response_class=Response, operation_id="dropJob")
 def drop_job(job_id: int, ctx: Ctx) -> Response:
     jobs.drop_job(ctx.db, job_id)
     return Response(status_code=204)
 
 
-@router.get("/{job_id}/verify", response_model=verification.Verification)
+@router.get("/{job_id}/verify", response_model=verification.Verification, operation_id="verifyJob")
 def verify(
     job_id: int, ctx: Ctx, epoch: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None
 ) -> verification.Verification:

@@ -61,7 +61,12 @@ class JobCollector:
         yield from (rows, rate, percent, paused, state)
 
 
-@router.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}},
+    operation_id="getMetrics",
+)
 def metrics(ctx: Ctx) -> Response:
     jobs = CollectorRegistry(auto_describe=False)
     jobs.register(JobCollector(ctx.db))  # type: ignore[arg-type]

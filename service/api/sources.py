@@ -106,7 +106,7 @@ def _columns(body: SourceCreate) -> list[Column]:
     return cols
 
 
-@router.post("", status_code=201, response_model=SourceView)
+@router.post("", status_code=201, response_model=SourceView, operation_id="createSource")
 def create_source(body: SourceCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
     columns = _columns(body)
     return idempotent(
@@ -126,17 +126,17 @@ def create_source(body: SourceCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Res
     )
 
 
-@router.get("", response_model=SourceList)
+@router.get("", response_model=SourceList, operation_id="listSources")
 def list_sources(ctx: Ctx) -> SourceList:
     return SourceList(sources=[_view(s) for s in sources.list_sources(ctx.db)])
 
 
-@router.get("/{name}", response_model=SourceView)
+@router.get("/{name}", response_model=SourceView, operation_id="getSource")
 def get_source(name: str, ctx: Ctx) -> SourceView:
     return _view(sources.read_source(ctx.db, name))
 
 
-@router.delete("/{name}", status_code=204, response_class=Response)
+@router.delete("/{name}", status_code=204, response_class=Response, operation_id="dropSource")
 def drop_source(name: str, ctx: Ctx) -> Response:
     sources.drop_source(ctx.db, name)
     return Response(status_code=204)

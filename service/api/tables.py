@@ -134,7 +134,7 @@ def _schema(body: TableCreate, default_vnodes: int) -> TableSchema:
         raise Invalid(e.message, {"field": e.path}) from None
 
 
-@router.post("", status_code=201, response_model=TableView)
+@router.post("", status_code=201, response_model=TableView, operation_id="createTable")
 def create_table(body: TableCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
     schema = _schema(body, ctx.settings.default_vnode_count)
     return idempotent(
@@ -146,17 +146,17 @@ def create_table(body: TableCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Respo
     )
 
 
-@router.get("", response_model=TableList)
+@router.get("", response_model=TableList, operation_id="listTables")
 def list_tables(ctx: Ctx) -> TableList:
     return TableList(tables=[_view(r) for r in tables.list_tables(ctx.db)])
 
 
-@router.get("/{name}", response_model=TableView)
+@router.get("/{name}", response_model=TableView, operation_id="getTable")
 def get_table(name: str, ctx: Ctx) -> TableView:
     return _view(tables.get_table(ctx.db, name))
 
 
-@router.delete("/{name}", status_code=204, response_class=Response)
+@router.delete("/{name}", status_code=204, response_class=Response, operation_id="dropTable")
 def drop_table(name: str, ctx: Ctx) -> Response:
     tables.drop_table(ctx.db, name)
     return Response(status_code=204)
@@ -166,6 +166,7 @@ def drop_table(name: str, ctx: Ctx) -> Response:
     "/{name}/dml",
     response_model=DmlResult,
     responses={504: ERROR_RESPONSES[404] | {"description": "Not committed in time"}},
+    operation_id="applyTableDml",
 )
 def apply_dml(
     name: str,
@@ -189,6 +190,7 @@ def apply_dml(
     "/{name}/rows",
     response_model=RowsPage,
     responses={410: ERROR_RESPONSES[404] | {"description": "Epoch garbage-collected"}},
+    operation_id="readTableRows",
 )
 def read_rows(
     name: str,

@@ -7,20 +7,40 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, Field
 
+from backfill_core.protocol import ErrorCode
 from service.api.bodies import RawBody, parse_body, raw_body_openapi
 from service.api.deps import get_ctx
-from service.api.errors import ERROR_RESPONSES
+from service.api.errors import ERROR_RESPONSES, ErrorResponse
 from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.context import ServiceContext
 from service.meta import creating, workers
 
+
+def _coded(what: str, *codes: ErrorCode) -> dict[str, Any]:
+    """An error response whose ``code`` is one of the protocol's: workers branch on it."""
+    listed = ", ".join(f"`{c}`" for c in codes)
+    return {"model": ErrorResponse, "description": f"{what} (`code`: {listed})"}
+
+
 router = APIRouter(
     prefix="/v1/workers",
-    tags=["workers"],
+    tags=["internal"],
     responses=ERROR_RESPONSES
-    | {410: ERROR_RESPONSES[404] | {"description": "Worker declared dead"}},
+    | {
+        404: _coded("No such worker", ErrorCode.UNKNOWN_WORKER),
+        409: _coded(
+            "A collect refused",
+            ErrorCode.STALE_COLLECT,
+            ErrorCode.STALE_BARRIER,
+            ErrorCode.ACTOR_NOT_ASSIGNED,
+        ),
+        410: _coded("Worker declared dead or stopped: register again", ErrorCode.WORKER_GONE),
+    },
 )
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
+# workers only, not the API's users: generators that honour `x-internal` (openapi-generator)
+# leave these operations out of a generated client
+INTERNAL: dict[str, Any] = {"x-internal": True}
 
 
 class RegisterRequest(RequestBody):
@@ -110,7 +130,13 @@ class FailureReport(RequestBody):
     message: str = Field(max_length=10_000)
 
 
-@router.post("", status_code=201, response_model=Registration)
+@router.post(
+    "",
+    status_code=201,
+    response_model=Registration,
+    operation_id="registerWorker",
+    openapi_extra=INTERNAL,
+)
 def register(body: RegisterRequest, ctx: Ctx) -> Registration:
     w = workers.register(ctx.db, body.name, body.capacity, ctx.settings.worker_lease_ms)
     return Registration(
@@ -118,19 +144,36 @@ def register(body: RegisterRequest, ctx: Ctx) -> Registration:
     )
 
 
-@router.post("/{worker_id}/heartbeat", status_code=204, response_class=Response)
+@router.post(
+    "/{worker_id}/heartbeat",
+    status_code=204,
+    response_class=Response,
+    operation_id="sendWorkerHeartbeat",
+    openapi_extra=INTERNAL,
+)
 def heartbeat(worker_id: int, ctx: Ctx) -> Response:
     workers.heartbeat(ctx.db, worker_id, ctx.settings.worker_lease_ms)
     return Response(status_code=204)
 
 
-@router.delete("/{worker_id}", status_code=204, response_class=Response)
+@router.delete(
+    "/{worker_id}",
+    status_code=204,
+    response_class=Response,
+    operation_id="deregisterWorker",
+    openapi_extra=INTERNAL,
+)
 def deregister(worker_id: int, ctx: Ctx) -> Response:
     workers.deregister(ctx.db, worker_id)
     return Response(status_code=204)
 
 
-@router.get("/{worker_id}/barriers", response_model=PollResponse)
+@router.get(
+    "/{worker_id}/barriers",
+    response_model=PollResponse,
+    operation_id="pollBarriers",
+    openapi_extra=INTERNAL,
+)
 def poll(
     worker_id: int,
     ctx: Ctx,
@@ -154,7 +197,7 @@ def poll(
         assignments=[
             ActorAssignment.model_construct(
                 **(
-                    a.__dict__
+                    a.to_json()
                     | {"barriers": [BarrierMessage.model_construct(**b) for b in a.barriers]}
                 )
             )
@@ -167,7 +210,8 @@ def poll(
 @router.post(
     "/{worker_id}/collect",
     response_model=CollectResponse,
-    openapi_extra=raw_body_openapi(CollectRequest),
+    openapi_extra=raw_body_openapi(CollectRequest) | INTERNAL,
+    operation_id="collectBarrier",
 )
 def collect(worker_id: int, raw: RawBody, ctx: Ctx) -> CollectResponse:
     [r] = _collect(ctx, worker_id, [parse_body(CollectRequest, raw)])
@@ -177,7 +221,8 @@ def collect(worker_id: int, raw: RawBody, ctx: Ctx) -> CollectResponse:
 @router.post(
     "/{worker_id}/collects",
     response_model=CollectBatchResponse,
-    openapi_extra=raw_body_openapi(CollectBatch),
+    openapi_extra=raw_body_openapi(CollectBatch) | INTERNAL,
+    operation_id="collectBarrierBatch",
 )
 def collect_batch(worker_id: int, raw: RawBody, ctx: Ctx) -> CollectBatchResponse:
     """Several collects in one request and one transaction (all or nothing)."""
@@ -211,7 +256,13 @@ def _collect(
     return [CollectResponse(status=r.status, committed_epoch=r.committed_epoch) for r in results]  # type: ignore[arg-type]
 
 
-@router.post("/{worker_id}/failures", status_code=202, response_class=Response)
+@router.post(
+    "/{worker_id}/failures",
+    status_code=202,
+    response_class=Response,
+    operation_id="reportFailure",
+    openapi_extra=INTERNAL,
+)
 def report_failure(worker_id: int, body: FailureReport, ctx: Ctx) -> Response:
     workers.report_failure(ctx.db, worker_id, body.actor_id, body.message)
     return Response(status_code=202)

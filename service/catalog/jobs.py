@@ -10,6 +10,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from backfill_core.executors.source import split_key
 from backfill_core.schema import (
     SchemaError,
     TableSchema,
@@ -37,7 +38,6 @@ from service.meta.epochs import MAIN_GRAPH_ID
 from service.meta.indexer import stop_build
 from service.meta.recovery import request_recovery
 from service.meta.scheduler import place_job_actors
-from service.meta.sources import split_key
 
 TABLE_KINDS = ("arrangement", "chain", "snapshot")
 MAX_PARALLELISM = 256

@@ -10,10 +10,10 @@ from typing import Any, Literal
 from sqlalchemy import text
 
 from backfill_core.epoch import lag_ms
+from backfill_core.executors.source import split_key
 from service.db import Database
 from service.errors import NotFound
 from service.meta.epochs import MAIN_GRAPH_ID
-from service.meta.sources import split_key
 
 RECENT_RECOVERIES = 5
 

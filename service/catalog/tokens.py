@@ -106,6 +106,7 @@ class TokenAuthority:
     ) -> None:
         self.configured = {hash_token(t): role for role, t in configured.items()}
         self._own: dict[str, Role] = dict(self.configured)
+        self._issued: set[str] = set()  # hashes of the tokens this start issued
         self._stored: dict[str, Role] = {}
         self._loaded_at = float("-inf")
         self._clock = clock
@@ -139,6 +140,7 @@ class TokenAuthority:
         token = new_token()
         token_hash = hash_token(token)
         self._own[token_hash] = role
+        self._issued.add(token_hash)
         if self.db is not None:
             try:
                 store(self.db, token_hash, role, source)
@@ -147,7 +149,21 @@ class TokenAuthority:
         return token
 
     def retire(self, token: str) -> None:
-        token_hash = hash_token(token)
+        """Revoke a token this start issued (nothing if it is revoked already)."""
+        self._retire(hash_token(token))
+
+    def retire_issued(self) -> None:
+        """Revoke every token this start issued: at shutdown, while the database is still
+        there. Their holders may not retire them: a demo serving until it is stopped
+        (SIGTERM ends it without unwinding; on Ctrl-C it unwinds only after the
+        shutdown, when an embedded Postgres is stopped already)."""
+        for token_hash in list(self._issued):
+            self._retire(token_hash)
+
+    def _retire(self, token_hash: str) -> None:
+        if token_hash not in self._issued:
+            return
+        self._issued.discard(token_hash)
         self._own.pop(token_hash, None)
         self._stored.pop(token_hash, None)
         if self.db is not None:

@@ -17,10 +17,10 @@ from sqlalchemy.orm import Session
 from backfill_core.epoch import physical_time
 from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
-from service.db import GRAPH_GATE_LOCK
 from service.meta import metrics, sources
 from service.meta.epochs import next_epoch
 from service.meta.sources import Marks
+from state_store.locks import GRAPH_GATE_LOCK
 
 COMMIT_KINDS = ("checkpoint", "initial")
 # how long the main graph keeps from committing the epoch a snapshot backfill is about

@@ -20,6 +20,7 @@ from typing import Protocol
 from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
+from backfill_core.executors.source import split_key
 from connectors.kafka import KafkaClient, KafkaSpec, KafkaUnavailable
 from service.catalog.models import Actor, Job, Source, SourceOffsets
 from service.db import Database
@@ -36,10 +37,6 @@ class Probe(Protocol):
 
 def kafka_probe(spec: KafkaSpec) -> Probe:
     return KafkaClient(spec)
-
-
-def split_key(split: str) -> tuple[int, str]:
-    return (int(split), split) if split.isdigit() else (1 << 62, split)
 
 
 class SourceWatcher:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +11,15 @@ from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from backfill_core.protocol import (
+    Assignment,
+    ErrorCode,
+    JobSpec,
+    RestoreState,
+    SourceRef,
+    SplitRestore,
+    VnodeRestore,
+)
 from service.catalog.models import (
     Actor,
     BarrierCollect,
@@ -29,19 +37,6 @@ from service.meta.signal import BarrierSignal
 from service.meta.sources import epoch_ranges
 
 RECHECK_S = 0.05
-
-
-@dataclass
-class Assignment:
-    actor_id: int
-    job_id: int
-    graph_id: int
-    recovery_seq: int
-    vnodes: list[Any]
-    splits: list[Any]
-    job: dict[str, Any]
-    barriers: list[dict[str, Any]]
-    restore: dict[str, Any] | None = None
 
 
 @dataclass
@@ -72,10 +67,16 @@ def _alive(s: Session, worker_id: int, lease_ms: int) -> Worker:
         select(Worker).where(Worker.id == worker_id).with_for_update()
     ).scalar_one_or_none()
     if w is None:
-        raise NotFound(f"worker {worker_id} is not registered", {"worker_id": worker_id})
+        raise NotFound(
+            f"worker {worker_id} is not registered",
+            {"worker_id": worker_id},
+            code=ErrorCode.UNKNOWN_WORKER,
+        )
     if w.state != "alive":
         raise Gone(
-            f"worker {worker_id} was declared {w.state}: register again", {"worker_id": worker_id}
+            f"worker {worker_id} was declared {w.state}: register again",
+            {"worker_id": worker_id},
+            code=ErrorCode.WORKER_GONE,
         )
     w.lease_expires_at = _lease(lease_ms)
     w.last_heartbeat_at = dt.datetime.now(dt.UTC)
@@ -103,7 +104,11 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
     with db.transaction() as s:
         w = s.get(Worker, worker_id)
         if w is None:
-            raise NotFound(f"worker {worker_id} is not registered", {"worker_id": worker_id})
+            raise NotFound(
+                f"worker {worker_id} is not registered",
+                {"worker_id": worker_id},
+                code=ErrorCode.UNKNOWN_WORKER,
+            )
         q = select(Actor.graph_id).where(Actor.worker_id == worker_id)
         if actor_id is not None:
             q = q.where(Actor.id == actor_id)
@@ -111,25 +116,25 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
             request_recovery(s, g, f"worker failure: {message[:200]}")
 
 
-def _job_spec(row: Any, srcs: dict[int, Source]) -> dict[str, Any]:
+def _job_spec(row: Any, srcs: dict[int, Source]) -> JobSpec:
     """The job of an ``_ACTORS_OF`` row as its actors' workers need it."""
     src = srcs.get(row.upstream_source_id) if row.upstream_source_id else None
-    return {
-        "id": row.job_id,
-        "name": row.job_name,
-        "kind": row.job_kind,
-        "state": row.job_state,
-        "upstream_table": row.up_table,
-        "upstream_schema": row.up_schema if row.up_table else (src.schema if src else None),
-        "source": {"id": src.id, "kafka": src.kafka} if src else None,
-        "mv_table": row.mv_table,
-        "mv_schema": row.mv_schema,
-        "columns": row.columns,
-        "filter": row.filter,
-        "rate_limit": row.rate_limit,
-        "paused": row.paused,
-        "snapshot_epoch": row.snapshot_epoch,
-    }
+    return JobSpec(
+        id=row.job_id,
+        name=row.job_name,
+        kind=row.job_kind,
+        state=row.job_state,
+        upstream_table=row.up_table,
+        upstream_schema=row.up_schema if row.up_table else (src.schema if src else None),
+        source=SourceRef(src.id, src.kafka) if src else None,
+        mv_table=row.mv_table,
+        mv_schema=row.mv_schema,
+        columns=row.columns,
+        filter=row.filter,
+        rate_limit=row.rate_limit,
+        paused=row.paused,
+        snapshot_epoch=row.snapshot_epoch,
+    )
 
 
 # The barriers waiting for one of a worker's actors: in its graph, within its lifetime,
@@ -220,7 +225,7 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
         else {}
     )
     upstreams = _upstream_actors(s, actors)
-    specs: dict[int, dict[str, Any]] = {}
+    specs: dict[int, JobSpec] = {}
     ranges: dict[tuple[int, int, int], dict[str, tuple[int, int]]] = {}
     for actor in actors:
         barriers = by_actor.get(actor.id, [])
@@ -284,46 +289,34 @@ def _source_ranges(
     return {split: list(r) for split, r in cache[key].items()}
 
 
-def _restore(s: Session, actor: Any) -> dict[str, Any]:
+def _restore(s: Session, actor: Any) -> RestoreState:
     """Committed progress of the actor's vnodes (or splits), to restart from."""
+    finished = actor.state == "finished"
     if actor.splits:
-        rows = s.execute(
+        splits = s.execute(
             select(SplitProgress).where(
                 SplitProgress.job_id == actor.job_id, SplitProgress.split.in_(actor.splits)
             )
         ).scalars()
-        return {
-            "splits": [
-                {
-                    "split": p.split,
-                    "state": p.state,
-                    "offset": p.offset,
-                    "num_consumed_rows": p.num_consumed_rows,
-                    "target_offset": p.target_offset,
-                }
-                for p in rows
-            ],
-            "finished": actor.state == "finished",
-        }
+        return RestoreState(
+            splits=tuple(
+                SplitRestore(p.split, p.state, p.offset, p.num_consumed_rows, p.target_offset)
+                for p in splits
+            ),
+            finished=finished,
+        )
     vnodes = [v for lo, hi in actor.vnodes for v in range(lo, hi)]
     rows = s.execute(
         select(VnodeProgress).where(
             VnodeProgress.job_id == actor.job_id, VnodeProgress.vnode.in_(vnodes)
         )
     ).scalars()
-    return {
-        "vnodes": [
-            {
-                "vnode": p.vnode,
-                "state": p.state,
-                "current_pos": p.current_pos,
-                "row_count": p.row_count,
-                "epoch": p.epoch,
-            }
-            for p in rows
-        ],
-        "finished": actor.state == "finished",
-    }
+    return RestoreState(
+        vnodes=tuple(
+            VnodeRestore(p.vnode, p.state, p.current_pos, p.row_count, p.epoch) for p in rows
+        ),
+        finished=finished,
+    )
 
 
 def poll(
@@ -360,6 +353,7 @@ def poll(
             time.sleep(min(left, RECHECK_S / 5))
 
 
+_ACTOR_IDS = text("SELECT id FROM actors WHERE id = ANY(:ids)")
 _ACTORS = text(
     "SELECT a.id, a.graph_id, a.first_epoch, a.worker_id, w.state AS worker_state "
     "FROM actors a LEFT JOIN workers w ON w.id = a.worker_id WHERE a.id = ANY(:ids)"
@@ -409,19 +403,20 @@ def _earlier_collects(
     return {(a, c): p for a, c, p in rows if (a, c) in rest}
 
 
-_DROPPED_ACTOR = re.compile(r"\(actor_id\)=\((\d+)\)")
-
-
-def _dropped_actor(e: IntegrityError) -> int | None:
+def _dropped_actor(db: Database, e: IntegrityError, actor_ids: list[int]) -> int | None:
     """The actor of a collect whose row a concurrent rescale or drop deleted after the
-    collect found it (the foreign key tells; a 409 for the worker, not a 500)."""
+    collect found it (the foreign key tells; a 409 for the worker, not a 500). Which one
+    is asked of the catalog, not read from the error's text, on a connection of its own:
+    this transaction is aborted, and the deletion the key met is committed."""
     diag = getattr(e.orig, "diag", None)
     if getattr(e.orig, "pgcode", None) != "23503" or diag is None:
         return None
     if diag.constraint_name != "fk_barrier_collects_actor_id_actors":
         return None
-    m = _DROPPED_ACTOR.search(diag.message_detail or "")
-    return int(m.group(1)) if m else None
+    with db.readers.connect() as conn:
+        alive = set(conn.execute(_ACTOR_IDS, {"ids": actor_ids}).scalars())
+    gone = sorted(set(actor_ids) - alive)
+    return gone[0] if gone else None
 
 
 def _same_incarnation(item: CollectItem, graph: Graph) -> None:
@@ -440,6 +435,7 @@ def _same_incarnation(item: CollectItem, graph: Graph) -> None:
                 "committed_epoch": graph.committed_epoch,
                 "recovery_seq": graph.recovery_seq,
             },
+            code=ErrorCode.STALE_COLLECT,
         )
 
 
@@ -459,16 +455,20 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
             if row is None or row.worker_id != worker_id:
                 if s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar() is None:
                     raise NotFound(
-                        f"worker {worker_id} is not registered", {"worker_id": worker_id}
+                        f"worker {worker_id} is not registered",
+                        {"worker_id": worker_id},
+                        code=ErrorCode.UNKNOWN_WORKER,
                     )
                 raise Conflict(
                     f"actor {item.actor_id} is not assigned to worker {worker_id}",
                     {"actor_id": item.actor_id},
+                    code=ErrorCode.ACTOR_NOT_ASSIGNED,
                 )
             if row.worker_state != "alive":
                 raise Gone(
                     f"worker {worker_id} was declared {row.worker_state}: register again",
                     {"worker_id": worker_id},
+                    code=ErrorCode.WORKER_GONE,
                 )
         # lock graphs in id order: concurrent batches never deadlock
         graphs = {g: lock_graph(s, g) for g in sorted({r.graph_id for r in found.values()})}
@@ -492,12 +492,13 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
             # tenth of the control plane's time under 100 collecting actors
             inserted = {(a, c) for a, c in s.execute(_INSERT_COLLECTS, {"items": json_text(rows)})}
         except IntegrityError as e:
-            gone = _dropped_actor(e)
+            gone = _dropped_actor(db, e, ids)
             if gone is None:
                 raise
             raise Conflict(
                 f"actor {gone} is not assigned to worker {worker_id} (it was dropped meanwhile)",
                 {"actor_id": gone},
+                code=ErrorCode.ACTOR_NOT_ASSIGNED,
             ) from None
         earlier = _earlier_collects(s, items, inserted)
         results = []
@@ -514,6 +515,7 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
                 raise Conflict(
                     f"stale or unknown barrier {item.prev_epoch}->{item.curr_epoch} for actor {item.actor_id}",
                     {"actor_id": item.actor_id, "committed_epoch": graph.committed_epoch},
+                    code=ErrorCode.STALE_BARRIER,
                 )
         for graph in graphs.values():
             try_complete(s, graph)

@@ -11,9 +11,11 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from service.db import GRAPH_GATE_LOCK, Database
+from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
+from state_store.locks import GRAPH_GATE_LOCK
 from tests.kit.auth import http_client
 from tests.kit.e2e import (
     Writer,
@@ -30,7 +32,7 @@ from tests.kit.live import live_server, worker_processes
 @pytest.fixture
 def cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
     # large epochs through Spark, small (rate-limited) ones on the driver
-    worker_settings = Settings(spark_min_rows=20_000, spark_epoch_rows=60_000)
+    worker_settings = WorkerSettings(spark_min_rows=20_000, spark_epoch_rows=60_000)
     with running_cluster(db, fresh_db_url, worker_settings) as c:
         yield c
 
@@ -102,7 +104,7 @@ def small_rounds_cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[http
     # Spark from 1,000 rows on, a job spanning epochs in rounds of 1,600 // 16 = 100 rows
     # (two cores): 800 rounds for 80k rows, several seconds' worth, which the mutations
     # below come in the middle of (a barrier brings them within some 100 ms)
-    worker_settings = Settings(spark_min_rows=1_000, spark_epoch_rows=1_600)
+    worker_settings = WorkerSettings(spark_min_rows=1_000, spark_epoch_rows=1_600)
     with running_cluster(db, fresh_db_url, worker_settings) as c:
         yield c
 
@@ -152,7 +154,7 @@ def test_mutations_end_a_spark_job_spanning_epochs_and_the_view_stays_exact(
 
 @contextmanager
 def _gate_held(db: Database) -> Iterator[None]:
-    """The main graph's gate (``service.db.GRAPH_GATE_LOCK``), held exclusively."""
+    """The main graph's gate (``state_store.locks.GRAPH_GATE_LOCK``), held exclusively."""
     with db.engine.connect() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(:space, 1)"), {"space": GRAPH_GATE_LOCK})
         yield
@@ -288,7 +290,7 @@ def test_with_barriers_ten_minutes_apart_a_small_backfill_is_created_at_once(
     finish as soon as the worker read everything: the job is created in seconds, not two
     intervals later."""
     with running_cluster(
-        db, fresh_db_url, Settings(spark_mode="never"), barrier_interval_ms=600_000
+        db, fresh_db_url, WorkerSettings(spark_mode="never"), barrier_interval_ms=600_000
     ) as (http, _):
         load(http, 5_000)
         job = create_job(http, "soon")

@@ -22,8 +22,8 @@ import pytest
 from backfill_core.schema import ColumnType
 from backfill_core.vnode import even_split, vnode_hasher
 from service.db import Database
-from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
 
 VNODES = 256
@@ -143,7 +143,7 @@ def all_rows(http: httpx.Client, table: str, epoch: int) -> list[dict[str, Any]]
 @pytest.fixture
 def driver_cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
     # no Spark: every read runs on the driver under the rate limit, and no JVM starts
-    with running_cluster(db, fresh_db_url, Settings(spark_mode="never")) as c:
+    with running_cluster(db, fresh_db_url, WorkerSettings(spark_mode="never")) as c:
         yield c
 
 

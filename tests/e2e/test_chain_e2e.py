@@ -13,6 +13,7 @@ from sqlalchemy import text
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.auth import http_client
 from tests.kit.e2e import (
     Writer,
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 @pytest.fixture
 def cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
-    worker_settings = Settings(spark_min_rows=20_000, spark_epoch_rows=30_000)
+    worker_settings = WorkerSettings(spark_min_rows=20_000, spark_epoch_rows=30_000)
     with running_cluster(db, fresh_db_url, worker_settings, "chain") as c:
         yield c
 

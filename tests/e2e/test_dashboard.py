@@ -16,8 +16,8 @@ from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 from sqlalchemy import text
 
 from service.db import Database
-from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.auth import TOKENS
 from tests.kit.e2e import create_job, load, running_cluster, wait_for
 
@@ -31,7 +31,7 @@ UI_TIMEOUT_MS = 30_000
 @pytest.fixture
 def cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
     # rate-limited epochs stay on the driver; no Spark needed
-    with running_cluster(db, fresh_db_url, Settings(spark_mode="never"), name="dash") as c:
+    with running_cluster(db, fresh_db_url, WorkerSettings(spark_mode="never"), name="dash") as c:
         yield c
 
 

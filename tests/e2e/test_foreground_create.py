@@ -11,8 +11,8 @@ import pytest
 
 from service.api import jobs as jobs_api
 from service.db import Database
-from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.e2e import assert_exact, load, running_cluster
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
-    with running_cluster(db, fresh_db_url, Settings(spark_mode="never"), name="fg") as c:
+    with running_cluster(db, fresh_db_url, WorkerSettings(spark_mode="never"), name="fg") as c:
         load(c[0], 3_000)
         yield c
 

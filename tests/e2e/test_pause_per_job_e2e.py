@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import text
 
 from service.db import Database
-from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.e2e import (
     Writer,
     assert_exact,
@@ -34,7 +34,7 @@ RATE = 1_000
 
 @pytest.fixture
 def cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
-    with running_cluster(db, fresh_db_url, Settings(spark_mode="never")) as c:
+    with running_cluster(db, fresh_db_url, WorkerSettings(spark_mode="never")) as c:
         yield c
 
 

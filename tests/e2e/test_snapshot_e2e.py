@@ -16,6 +16,7 @@ from sqlalchemy import text
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.auth import http_client
 from tests.kit.e2e import (
     Writer,
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 @pytest.fixture
 def cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
-    worker_settings = Settings(spark_min_rows=20_000, spark_epoch_rows=30_000)
+    worker_settings = WorkerSettings(spark_min_rows=20_000, spark_epoch_rows=30_000)
     # history is checked after the job is created: keep it
     with running_cluster(db, fresh_db_url, worker_settings, "snap", gc_retention_ms=3_600_000) as c:
         yield c
@@ -247,7 +248,7 @@ def test_with_barriers_ten_minutes_apart_a_small_snapshot_job_is_created_at_once
     first barrier, the barrier after its snapshot is read, the one after phase 1, and
     the merge after its last barrier."""
     with running_cluster(
-        db, fresh_db_url, Settings(spark_mode="never"), barrier_interval_ms=600_000
+        db, fresh_db_url, WorkerSettings(spark_mode="never"), barrier_interval_ms=600_000
     ) as (http, _):
         load(http, 5_000)
         # nothing is committed yet (the first barrier commits no epoch): the 409 asks

@@ -19,6 +19,7 @@ from connectors.kafka import KafkaClient, KafkaSpec
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.auth import http_client
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka, Producer
@@ -71,7 +72,7 @@ def caught_up(http: httpx.Client, job: int, produced: int) -> bool:
 def cluster(
     db: Database, fresh_db_url: str, kafka: MockKafka
 ) -> Iterator[tuple[httpx.Client, Worker]]:
-    with running_cluster(db, fresh_db_url, Settings(), "source") as c:
+    with running_cluster(db, fresh_db_url, WorkerSettings(), "source") as c:
         yield c
 
 

@@ -16,9 +16,9 @@ from backfill_core.epoch import EpochPair
 from backfill_core.executors.messages import Barrier
 from backfill_core.executors.source import SourceBackfill, SplitProgress
 from service.db import Database
-from service.settings import Settings
 from spark_workers.kafka_datasource import backfill_stop, range_summary
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from spark_workers.spark_path import SparkPath
 from tests.e2e.test_source_e2e import TOPIC, caught_up, create_job, create_source, doc
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
@@ -95,7 +95,7 @@ def cluster(
 ) -> Iterator[tuple[httpx.Client, Worker]]:
     # two Spark jobs of 40k rows: the first reads 10k per partition, the second reaches
     # every partition's target (so the tasks' visibility rule decides what shows)
-    worker = Settings(spark_min_rows=10_000, spark_epoch_rows=40_000)
+    worker = WorkerSettings(spark_min_rows=10_000, spark_epoch_rows=40_000)
     with running_cluster(db, fresh_db_url, worker, "source-spark", gc_retention_ms=600_000) as c:
         # start Spark before the topic grows: the mock broker reads a topic of many
         # small batches slowly, and verify reads all of it

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from service.db import Database
-from service.settings import Settings
 from spark_workers.pushdown_tasks import _freeze_imports
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from spark_workers.spark_path import WORKER_JAVA_OPTIONS
 from tests.kit.e2e import running_cluster, wait_for
 
@@ -56,7 +56,7 @@ def _row(i: int) -> dict[str, Any]:
 
 @pytest.fixture
 def spark_cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
-    worker_settings = Settings(spark_mode="always", spark_epoch_rows=700)
+    worker_settings = WorkerSettings(spark_mode="always", spark_epoch_rows=700)
     with running_cluster(db, fresh_db_url, worker_settings, "spark") as c:
         yield c
 

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from jsonschema import Draft202012Validator
 from sqlalchemy import text
 
+from backfill_core.protocol import ErrorCode
 from service.api.app import create_app
 from service.db import Database
 from service.settings import Settings
@@ -275,7 +276,9 @@ def test_nul_in_job_filters_worker_names_and_kafka_settings_is_422(
         assert "NUL" in err["details"][0]["msg"]
     # an escaped backslash before "u0000" is plain text: past the check (an unknown worker)
     text_only = collect | {"progress": {"v": "\\u0000 and \\ud800"}}
-    assert_error(hostile.post("/v1/workers/1/collect", json=text_only), 404, "not_found")
+    assert_error(
+        hostile.post("/v1/workers/1/collect", json=text_only), 404, ErrorCode.UNKNOWN_WORKER
+    )
     src = {
         "name": "s",
         "kafka": {"bootstrap_servers": "h\x00:9092", "topic": "t"},

@@ -14,6 +14,7 @@ from sqlalchemy import text, update
 from backfill_core.changes import Version
 from backfill_core.executors.flow import apply_flow_mutation
 from backfill_core.executors.messages import Mutation
+from backfill_core.protocol import ErrorCode
 from service.api.app import create_app
 from service.catalog import tables
 from service.catalog.models import Worker
@@ -95,15 +96,12 @@ def test_collects_are_idempotent_and_stale_or_unknown_ones_change_nothing(
     assert w.collect(a["actor_id"], b1).json()["status"] == "accepted"
     assert w.collect(a["actor_id"], b1).json()["status"] == "duplicate"  # also after the commit
     committed = committed_epoch(db)
-    assert_error(
-        w.collect(a["actor_id"], {"prev": b1["prev"], "curr": b1["curr"] + 1}), 409, "conflict"
-    )
-    assert_error(
-        w.collect(a["actor_id"], {"prev": b0["curr"] - 5, "curr": b1["curr"]}), 409, "conflict"
-    )
-    assert_error(w.collect(99999, b1), 409, "conflict")
+    stale = ErrorCode.STALE_BARRIER
+    assert_error(w.collect(a["actor_id"], {"prev": b1["prev"], "curr": b1["curr"] + 1}), 409, stale)
+    assert_error(w.collect(a["actor_id"], {"prev": b0["curr"] - 5, "curr": b1["curr"]}), 409, stale)
+    assert_error(w.collect(99999, b1), 409, ErrorCode.ACTOR_NOT_ASSIGNED)
     other = FakeWorker(client, name="other").register()
-    assert_error(other.collect(a["actor_id"], b1), 409, "conflict")
+    assert_error(other.collect(a["actor_id"], b1), 409, ErrorCode.ACTOR_NOT_ASSIGNED)
     assert committed_epoch(db) == committed
     assert_error(
         client.post(
@@ -111,7 +109,7 @@ def test_collects_are_idempotent_and_stale_or_unknown_ones_change_nothing(
             json={"actor_id": 1, "recovery_seq": 0, "prev_epoch": 0, "curr_epoch": 1},
         ),
         404,
-        "not_found",
+        ErrorCode.UNKNOWN_WORKER,
     )
 
 
@@ -254,7 +252,7 @@ def test_batched_collects_are_all_or_nothing(
     ]
     bad = good[:1] + [good[1] | {"actor_id": 4242, "prev_epoch": 0}]
     url = f"/v1/workers/{w.worker_id}/collects"
-    assert_error(client.post(url, json={"collects": bad}), 409, "conflict")
+    assert_error(client.post(url, json={"collects": bad}), 409, ErrorCode.ACTOR_NOT_ASSIGNED)
     with db.engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM barrier_collects")).scalar() == 0
     r = client.post(url, json={"collects": good})
@@ -352,7 +350,7 @@ def test_a_collect_racing_the_deletion_of_its_actor_is_a_409(
     collecting.join(timeout=30)
     [error] = outcome
     assert isinstance(error, Conflict), error
-    assert "is not assigned to worker" in str(error)
+    assert error.code == ErrorCode.ACTOR_NOT_ASSIGNED
     assert error.details == {"actor_id": a["actor_id"]}
 
 

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from backfill_core.protocol import ErrorCode
 from service.catalog.models import EpochPin, Graph
 from service.db import Database
 from service.meta import barriers
@@ -439,8 +440,8 @@ def test_a_late_collect_of_an_earlier_incarnation_is_stale_though_its_epochs_cam
 
     skipped = {"vnodes": [{"vnode": v, "state": "consumed", "row_count": 999} for v in range(8)]}
     r = w.collect(zombie["actor_id"], old, recovery_seq=zombie["recovery_seq"], progress=skipped)
-    err = assert_error(r, 409, "conflict")
-    assert "stale" in err["message"] and err["details"]["recovery_seq"] == present["recovery_seq"]
+    err = assert_error(r, 409, ErrorCode.STALE_COLLECT)
+    assert err["details"]["recovery_seq"] == present["recovery_seq"]
     assert collect(w, "consuming")  # the present incarnation's collect is accepted
     loop.tick()
     collect(w, "consuming")

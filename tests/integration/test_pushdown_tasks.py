@@ -19,11 +19,13 @@ from sqlalchemy import text
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
 from service.catalog.tables import create_table, storage_of
-from service.db import GRAPH_GATE_LOCK, Database
+from service.db import Database
 from service.embedded_pg import to_libpq_url
 from service.meta.barriers import gate_graph, lock_graph
 from spark_workers import pushdown_tasks
+from spark_workers.datasource import FencedOff
 from spark_workers.pushdown_tasks import run_group
+from state_store.locks import GRAPH_GATE_LOCK
 from state_store.versioned import VersionedTable
 from tests.kit.e2e import wait_for
 
@@ -122,7 +124,7 @@ def test_a_failed_task_leaves_no_connection_behind(
     dsn, plan, admin = setup
     assert _run(plan, WRITE) == 20
     first = _backend(dsn)
-    with pytest.raises(RuntimeError, match="recovered past this write"):
+    with pytest.raises(FencedOff):
         _run(plan | {"recovery_seq": 1}, WRITE + 1)  # fenced off: a recovery came first
     assert dsn not in pushdown_tasks._CONNECTIONS
     # closed by the task; its server process leaves pg_stat_activity a moment later
@@ -238,7 +240,7 @@ def test_rounds_stop_when_the_driver_ends_the_job(setup: tuple[str, dict[str, An
 def test_rounds_are_fenced_off_after_a_recovery(setup: tuple[str, dict[str, Any], Any]) -> None:
     dsn, plan, admin = setup
     job = _rounds_job(dsn, plan | {"recovery_seq": 1}, released=WRITE)
-    with pytest.raises(RuntimeError, match="recovered past this write"):
+    with pytest.raises(FencedOff):
         run_group(job, 0)
     assert _one(admin, 'SELECT count(*) FROM store."mv"') == 0
 

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import httpx
+import pytest
 from sqlalchemy import text
 
+from backfill_core.protocol import ErrorCode
 from service.db import Database
 from service.meta.loop import MetaLoop
 from service.settings import Settings
-from spark_workers.client import ControlPlaneClient, RetryPolicy, WorkerGone
+from spark_workers.client import ControlPlaneClient, ProtocolError, RetryPolicy, WorkerGone
 from tests.kit.auth import TOKENS
 from tests.kit.live import live_server
 from tests.kit.meta import committed_epoch, make_job
@@ -61,10 +64,10 @@ def test_a_retried_collect_is_applied_once(db: Database, fresh_db_url: str) -> N
         client.register("w", 4)
         make_job(db, "j", parallelism=1)
         loop.tick()
-        [a] = client.poll(timeout_ms=0)["assignments"]
-        [b] = a["barriers"]
+        [a] = client.poll(timeout_ms=0).assignments
+        [b] = a.barriers
         result = client.collect(
-            a["actor_id"], b["prev"], b["curr"], recovery_seq=a["recovery_seq"], rows=5
+            a.actor_id, b["prev"], b["curr"], recovery_seq=a.recovery_seq, rows=5
         )
         assert lossy.dropped == 1
         assert result["status"] == "duplicate"  # the first attempt was applied
@@ -102,13 +105,78 @@ def test_long_poll_returns_when_a_barrier_arrives(db: Database, fresh_db_url: st
         make_job(db, "j", parallelism=2)
         seen = 0
         for _ in range(20):
-            for a in client.poll(timeout_ms=5000)["assignments"]:
-                for b in a["barriers"]:
-                    client.collect(
-                        a["actor_id"], b["prev"], b["curr"], recovery_seq=a["recovery_seq"]
-                    )
+            for a in client.poll(timeout_ms=5000).assignments:
+                for b in a.barriers:
+                    client.collect(a.actor_id, b["prev"], b["curr"], recovery_seq=a.recovery_seq)
                     seen += 1
             if seen >= 10:
                 break
         assert seen >= 10
+        client.close()
+
+
+def test_each_error_code_reaches_the_worker_as_its_typed_error(
+    db: Database, fresh_db_url: str
+) -> None:
+    """The worker branches on the code its client decoded, never on the message: every
+    code of the protocol comes back as a ``ProtocolError`` carrying it (and the actor it
+    is about), a dead worker's as ``WorkerGone``."""
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False)
+    loop = MetaLoop(settings, db)
+    with live_server(settings, db) as url:
+        client = ControlPlaneClient(url, token=TOKENS["worker"], retry=FAST)
+        client.register("w", 4)
+        make_job(db, "j", parallelism=1)
+        loop.tick()
+        [a] = client.poll(timeout_ms=0).assignments
+        [b] = a.barriers
+        actor, seq = a.actor_id, a.recovery_seq
+        assert a.job.name == "j" and a.restore is not None  # decoded once, typed
+
+        def refused(call: Callable[[], object]) -> ProtocolError:
+            with pytest.raises(ProtocolError) as e:
+                call()
+            return e.value
+
+        def as_worker(worker_id: int) -> ControlPlaneClient:
+            other = ControlPlaneClient(url, token=TOKENS["worker"], retry=FAST)
+            other.worker_id = worker_id
+            return other
+
+        def stale_collect() -> object:
+            return client.collect(actor, b["prev"], b["curr"], recovery_seq=seq + 1)
+
+        def stale_barrier() -> object:
+            return client.collect(actor, b["prev"], b["curr"] + 1, recovery_seq=seq)
+
+        def not_assigned() -> object:
+            return client.collect(actor + 1000, b["prev"], b["curr"], recovery_seq=seq)
+
+        def unknown_worker() -> object:
+            return as_worker(424242).heartbeat()
+
+        def gone() -> object:
+            dead = ControlPlaneClient(url, token=TOKENS["worker"], retry=FAST)
+            dead.register("w2", 1)
+            with db.engine.begin() as conn:
+                declare = text("UPDATE workers SET state = 'dead' WHERE id = :w")
+                conn.execute(declare, {"w": dead.worker_id})
+            return dead.poll(timeout_ms=0)
+
+        provoked = {
+            ErrorCode.STALE_COLLECT: (stale_collect, actor),
+            ErrorCode.STALE_BARRIER: (stale_barrier, actor),
+            ErrorCode.ACTOR_NOT_ASSIGNED: (not_assigned, actor + 1000),
+            ErrorCode.UNKNOWN_WORKER: (unknown_worker, None),
+            ErrorCode.WORKER_GONE: (gone, None),
+        }
+        assert set(provoked) == set(ErrorCode), "every code is provoked here"
+        for code, (call, about) in provoked.items():
+            error = refused(call)
+            assert error.code is code, (code, error)
+            assert error.actor_id == about, (code, error)
+            assert isinstance(error, WorkerGone) == (code is ErrorCode.WORKER_GONE), code
+        # a refusal outside the protocol's codes (a malformed body) decodes to no code
+        error = refused(lambda: client.collect_many([{"actor_id": "x"}]))
+        assert error.status == 422 and error.code is None
         client.close()

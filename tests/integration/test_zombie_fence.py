@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from backfill_core.changes import Version
+from backfill_core.protocol import Assignment
 from service.catalog import tables
 from service.db import Database, raw_cursor
 from service.meta import recovery
@@ -62,7 +63,7 @@ def test_an_actor_of_an_earlier_incarnation_writes_nothing(
 ) -> None:
     client, loop = manual
     w, a = _start(manual, db)
-    zombie = ActorRunner(a, pushdown=False)
+    zombie = ActorRunner(Assignment.from_json(a), pushdown=False)
     for b in a["barriers"]:  # the initial barrier, then one whose snapshot has the rows
         zombie.on_barrier(actor_conn, b)
     assert zombie.read_some(actor_conn, 5) == 5  # the live incarnation writes

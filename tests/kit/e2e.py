@@ -14,6 +14,7 @@ import httpx
 from service.db import Database
 from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.auth import http_client
 from tests.kit.live import live_server
 
@@ -129,7 +130,7 @@ def load(http: httpx.Client, n: int) -> None:
 
 @contextmanager
 def running_cluster(
-    db: Database, url: str, worker_settings: Settings, name: str = "e2e", **server: Any
+    db: Database, url: str, worker_settings: WorkerSettings, name: str = "e2e", **server: Any
 ) -> Iterator[tuple[httpx.Client, Worker]]:
     """A live control plane (50 ms barriers, no spawned worker; ``server`` overrides its
     settings) and one in-process worker."""

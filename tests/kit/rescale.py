@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hypothesis import given
 from hypothesis import strategies as st
 
 from backfill_core.changes import Version
@@ -238,6 +239,16 @@ job_histories = st.lists(
     ),
     min_size=2,
     max_size=16,
+)
+
+
+# what a restore-and-rescale property test draws: the upstream's first rows, the first
+# deal of the vnodes, the job's history and its first rate limit
+restores_and_rescales = given(
+    initial=st.dictionaries(st.integers(0, 15), st.integers(0, 9), max_size=16),
+    first_deal=deals,
+    history=job_histories,
+    rate_limit=st.one_of(st.none(), st.integers(0, 50)),
 )
 
 

@@ -49,8 +49,7 @@ from tests.kit.rescale import (
     JobFlow,
     Upstream,
     assert_reached,
-    deals,
-    job_histories,
+    restores_and_rescales,
     run_with_recoveries,
 )
 from tests.models.chain_reference import ChainReference
@@ -379,12 +378,7 @@ class _Chain:
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    initial=st.dictionaries(st.integers(0, 15), st.integers(0, 9), max_size=16),
-    first_deal=deals,
-    history=job_histories,
-    rate_limit=st.one_of(st.none(), st.integers(0, 50)),
-)
+@restores_and_rescales
 def test_restores_and_rescales_keep_the_executors_equal_to_the_model(
     initial: dict[int, int], first_deal: list[int], history: list[Any], rate_limit: int | None
 ) -> None:

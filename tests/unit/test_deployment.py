@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from service.settings import ENV_PREFIX, Settings, SettingsError, load_settings
+from spark_workers.settings import WorkerSettings, WorkerSettingsError, load_worker_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -60,9 +61,11 @@ SPARK_ENV = {
 
 
 def setting_env_names() -> set[str]:
-    """Every environment variable name the Settings model reads (upper case)."""
+    """Every environment variable name the settings of the control plane or of a worker
+    read (upper case)."""
     names: set[str] = set()
-    for field, info in Settings.model_fields.items():
+    fields = [*Settings.model_fields.items(), *WorkerSettings.model_fields.items()]
+    for field, info in fields:
         alias = info.validation_alias
         if isinstance(alias, str):
             names.add(alias.upper())
@@ -272,7 +275,8 @@ def test_image_env_names_are_real_settings(clean_env: pytest.MonkeyPatch) -> Non
         clean_env.setenv(k, env[k])
     try:
         load_settings()
-    except SettingsError as e:
+        load_worker_settings()
+    except (SettingsError, WorkerSettingsError) as e:
         pytest.fail(f"the image's defaults do not validate: {e}")
 
 
@@ -409,7 +413,8 @@ def test_env_vars_passed_to_our_image_are_real_settings(
                     m.setenv(k, v)
             try:
                 load_settings()
-            except SettingsError as e:
+                load_worker_settings()
+            except (SettingsError, WorkerSettingsError) as e:
                 pytest.fail(f"{name}'s environment does not validate: {e}")
 
 
@@ -447,7 +452,7 @@ def test_worker_reaches_the_control_plane_and_the_spark_master(
     assert mcmd[mcmd.index("--host") + 1] == master
     for k, v in env_of(services[worker].get("environment")).items():
         clean_env.setenv(k, v)
-    assert load_settings().spark_master == spark_url
+    assert load_worker_settings().spark_master == spark_url
     assert spark_url in command_of(services[spark_worker]), "the Spark worker joins another master"
     # one image for all four: Spark executors run our Python Data Source
     builds = {

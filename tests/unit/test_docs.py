@@ -13,6 +13,7 @@ import pytest
 from bench import report
 from service.cli import build_parser
 from service.settings import Settings
+from spark_workers.settings import WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -129,7 +130,7 @@ def test_docstrings_cite_existing_sections() -> None:
 def test_readme_configuration_table_names_every_setting() -> None:
     text = README.read_text()
     missing = []
-    for name in Settings.model_fields:
+    for name in [*Settings.model_fields, *WorkerSettings.model_fields]:
         env = "DATABASE_URL" if name == "database_url" else f"BACKFILL_{name.upper()}"
         if f"`{env}`" not in text:
             missing.append(env)

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from service.settings import SettingsError, load_settings
+from spark_workers.settings import WorkerSettingsError, load_worker_settings
 
 
 def test_defaults_mean_embedded_postgres(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -106,3 +107,38 @@ def test_bad_tokens_are_refused_without_showing_them(
         load_settings()
     assert message in str(e.value)
     assert not any(v in str(e.value) for v in env.values())
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("BACKFILL_SPARK_MODE", "sometimes"),
+        ("BACKFILL_SPARK_MIN_ROWS", "0"),
+        ("BACKFILL_SPARK_EPOCH_ROWS", "many"),
+        ("BACKFILL_PUSHDOWN", "perhaps"),
+    ],
+)
+def test_a_bad_worker_value_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str
+) -> None:
+    monkeypatch.setenv(var, value)
+    with pytest.raises(WorkerSettingsError) as e:
+        load_worker_settings()
+    assert var in str(e.value)
+    assert repr(value) in str(e.value)
+    load_settings()  # the control plane's settings do not read the worker's variables
+
+
+def test_a_worker_reads_its_settings_and_token_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BACKFILL_SPARK_MODE", "never")
+    monkeypatch.setenv("BACKFILL_SPARK_EPOCH_ROWS", "1234")
+    monkeypatch.setenv("BACKFILL_WORKER_TOKEN", "a-worker-token-0123456789")
+    s = load_worker_settings()
+    assert (s.spark_mode, s.spark_epoch_rows) == ("never", 1234)
+    assert s.worker_token is not None
+    assert s.worker_token.get_secret_value() == "a-worker-token-0123456789"
+    assert "a-worker-token" not in repr(s)
+    monkeypatch.setenv("BACKFILL_WORKER_TOKEN", " ")
+    assert load_worker_settings().worker_token is None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from hypothesis import event, given, settings
@@ -24,8 +24,9 @@ from backfill_core.changes import Op, RowChange, Version
 from backfill_core.epoch import EpochPair, lag_ms, physical_time
 from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
 from backfill_core.executors.snapshot import Phase, SnapshotBackfill, VnodeState
-from tests.kit.executors import VNODES, in_vnodes, key_of, new_store, vnode_of
+from tests.kit.executors import VNODES, in_vnodes, key_of, new_store
 from tests.kit.rescale import JobFlow, barrier_kind, checkpoints, deal_groups, deals, flow_ops
+from tests.kit.rescale import Upstream as KitUpstream
 from tests.models.snapshot_reference import SnapshotReference
 
 Row = tuple[Any, ...]
@@ -49,35 +50,25 @@ def model_versions(changes: list[Any]) -> list[Version]:
     ]
 
 
-@dataclass
-class Upstream:
-    """The main graph's table: epochs at random (even) spacing, each sealed with its
-    row changes kept so that a model started by a recovery can buffer them again."""
+class Upstream(KitUpstream):
+    """The main graph's table (never rolled back by the creating graph's recoveries):
+    epochs at random (even) spacing, each sealed with its row changes kept so that a
+    model started by a recovery can buffer them again."""
 
-    times_ms: list[int]
-    store: Any = field(default_factory=new_store)
-    state: dict[int, int] = field(default_factory=dict)
-    latest: int = 0  # index of the latest sealed epoch
-    sealed: list[tuple[int, list[Any]]] = field(default_factory=list)
-    models: list[SnapshotReference] = field(default_factory=list)
+    def __init__(self, times_ms: list[int], initial: dict[int, int]) -> None:
+        super().__init__()
+        self.times_ms = times_ms
+        self.latest = 0  # index of the latest sealed epoch
+        self.sealed: list[tuple[int, list[Any]]] = []
+        self.models: list[SnapshotReference] = []
+        self.load(self.epoch(0), initial)
 
     def epoch(self, i: int) -> int:
         return self.times_ms[i] << 16
 
     def seal(self, ops: Ops) -> None:
         e = self.epoch(self.latest + 1)
-        versions, changes = [], []
-        for k, v, delete in ops:
-            old = (k, self.state[k]) if k in self.state else None
-            if old is not None and delete:
-                del self.state[k]
-                changes.append(("delete", vnode_of(old), old, None))
-                versions.append(Version(old, deleted=True))
-            elif not delete or old is None:
-                self.state[k] = v
-                changes.append(("update" if old else "insert", vnode_of((k,)), old, (k, v)))
-                versions.append(Version((k, v)))
-        self.store.write(e, versions)
+        changes = self.write(e, ops)
         self.latest += 1
         self.sealed.append((e, changes))
         for m in self.models:
@@ -145,9 +136,7 @@ def test_restores_and_rescales_keep_the_executors_equal_to_the_model(
 ) -> None:
     # even gaps: the seed halves raw epochs, the executor whole milliseconds
     times = itertools.accumulate(itertools.islice(itertools.cycle(gaps), 3_000), initial=500)
-    up = Upstream([2 * t for t in times])
-    up.store.write(up.epoch(0), [Version((k, v)) for k, v in initial.items()])
-    up.state = dict(initial)
+    up = Upstream([2 * t for t in times], initial)
     for ops in before:
         up.seal(ops)
     snapshot_epoch = up.epoch(up.latest)
