@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import text
 
 from service.db import Database
-from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.e2e import (
     Writer,
     assert_exact,
@@ -30,7 +30,7 @@ from tests.kit.e2e import (
 
 pytestmark = pytest.mark.slow
 
-NO_SPARK = Settings(spark_mode="never")
+NO_SPARK = WorkerSettings(spark_mode="never")
 ROWS = 10_000
 
 
