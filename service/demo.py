@@ -68,7 +68,7 @@ async def run_demo(base_url: str, *, token: str | None = None, keep_running: boo
                 for i in range(lo, lo + BATCH)
             ]
             r = await _ok(await http.post(f"/v1/tables/{DEMO_TABLE}/dml", json={"ops": ops}))
-            epoch = r["epoch"]
+            epoch = int(r["epoch"])  # a decimal string (docs/api.md#epochs)
         changes = [{"op": "update", "row": {"id": i, "amount": "0.01"}} for i in range(0, 100)]
         changes += [{"op": "delete", "row": {"id": i}} for i in range(100, 150)]
         r = await _ok(
@@ -79,7 +79,7 @@ async def run_demo(base_url: str, *, token: str | None = None, keep_running: boo
         print(
             f"loaded and changed rows in {time.perf_counter() - started:.1f}s; last epoch {r['epoch']} committed"
         )
-        assert r["epoch"] >= epoch
+        assert int(r["epoch"]) >= epoch
         count, after = 0, None
         while True:
             params: dict[str, object] = {"limit": 1000}

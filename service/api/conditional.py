@@ -18,7 +18,8 @@ NOT_MODIFIED: dict[int | str, dict[str, Any]] = {
 }
 # a member, not text inside a string: quotes in strings are escaped, so a key's opening
 # quote follows { or , and the match is zeroed only there
-_EPOCH_MEMBER = re.compile(rb'"committed_epoch":-?[0-9]+')
+# (epochs are decimal strings in JSON: service.api.epochs)
+_EPOCH_MEMBER = re.compile(rb'"committed_epoch":"[0-9]*"')
 
 
 def _without_epoch(data: bytes) -> bytes:
@@ -27,7 +28,7 @@ def _without_epoch(data: bytes) -> bytes:
     of a 256-vnode progress read's time)."""
 
     def zero(m: re.Match[bytes]) -> bytes:
-        return b'"committed_epoch":0' if data[m.start() - 1 : m.start()] in (b"{", b",") else m[0]
+        return b'"committed_epoch":"0"' if data[m.start() - 1 : m.start()] in (b"{", b",") else m[0]
 
     return _EPOCH_MEMBER.sub(zero, data)
 

@@ -2,6 +2,7 @@
 
 Events are stored, so a client that reconnects with ``Last-Event-ID`` (or ``?after=``)
 gets exactly what it missed. ``follow=false`` sends what exists and ends the stream.
+Epochs in the data (``epoch``, ``..._epoch``) are decimal strings (``service.api.epochs``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 
 from service.api.deps import get_ctx
+from service.api.epochs import epochs_as_text
 from service.api.errors import ERROR_RESPONSES
 from service.catalog import events, jobs
 from service.context import ServiceContext
@@ -29,7 +31,8 @@ POLL_S = 0.25
 KEEPALIVE_S = 15.0
 SSE_RESPONSE = {
     200: {
-        "description": "a text/event-stream of events: `id`, `event` (the kind), `data` (JSON)",
+        "description": "a text/event-stream of events: `id`, `event` (the kind), `data` "
+        "(JSON; epochs as decimal strings)",
         "content": {"text/event-stream": {"schema": {"type": "string"}}},
     }
 }
@@ -58,7 +61,8 @@ async def _stream(
     while True:
         batch = await run_in_threadpool(events.after, ctx.db, last, job_id)
         for e in batch:
-            data = {"job_id": e.job_id, "at": e.created_at.isoformat(), **e.data}
+            # stored with integer epochs; sent as strings, as in every answer
+            data = {"job_id": e.job_id, "at": e.created_at.isoformat(), **epochs_as_text(e.data)}
             yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(data)}\n\n"
             last = e.id
         if batch:

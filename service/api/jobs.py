@@ -11,9 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from service.api.conditional import NOT_MODIFIED, conditional
 from service.api.deps import get_ctx
+from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
-from service.api.limits import MAX_BIGINT, MAX_INT32, STRICT, RequestBody
+from service.api.limits import MAX_INT32, STRICT, RequestBody
 from service.catalog import idempotency, jobs
 from service.catalog import verify as verification
 from service.catalog.models import Job
@@ -86,9 +87,9 @@ class JobView(BaseModel):
     columns: list[str]
     filter: dict[str, Any] | None
     mv_table: str | None
-    committed_epoch: int
-    finished_epoch: int | None
-    snapshot_epoch: int | None = Field(
+    committed_epoch: EpochJson
+    finished_epoch: EpochJson | None
+    snapshot_epoch: EpochJson | None = Field(
         description="snapshot backfill: the upstream epoch its snapshot is read at"
     )
     recovering: bool = Field(description="its graph is in recovery right now")
@@ -138,8 +139,8 @@ class Progress(BaseModel):
     percent: float = Field(description="at most 99.99 until the job is created, then 100")
     rows_per_s: float = Field(description="over the last window of at least 5 s of epoch time")
     eta_s: float | None = Field(description="seconds left at the current rate (null: unknown)")
-    committed_epoch: int
-    snapshot_epoch: int | None = Field(
+    committed_epoch: EpochJson
+    snapshot_epoch: EpochJson | None = Field(
         description="snapshot backfill: the upstream epoch its snapshot is read at"
     )
     log_store_lag_ms: int | None = Field(
@@ -154,6 +155,17 @@ class Progress(BaseModel):
     )
     vnodes: list[VnodeRow]
     splits: list[SplitRow] = Field(description="source backfill: per Kafka partition")
+
+
+class Verification(BaseModel):
+    """A job's view compared with the view of its upstream at one committed epoch."""
+
+    epoch: EpochJson = Field(description="the committed epoch compared at")
+    equal: bool
+    mv_rows: int
+    expected_rows: int
+    missing: list[dict[str, Any]] = Field(description="a sample of the rows the view lacks")
+    unexpected: list[dict[str, Any]] = Field(description="a sample of the rows it should not have")
 
 
 def _view(ctx: ServiceContext, job: Job) -> JobView:
@@ -354,8 +366,20 @@ def drop_job(job_id: int, ctx: Ctx) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/{job_id}/verify", response_model=verification.Verification, operation_id="verifyJob")
+@router.get("/{job_id}/verify", response_model=Verification, operation_id="verifyJob")
 def verify(
-    job_id: int, ctx: Ctx, epoch: Annotated[int | None, Query(ge=1, le=MAX_BIGINT)] = None
-) -> verification.Verification:
-    return verification.verify(ctx.db, job_id, epoch)
+    job_id: int,
+    ctx: Ctx,
+    epoch: Annotated[
+        EpochQuery | None, Query(description="default: the latest committed epoch")
+    ] = None,
+) -> Verification:
+    v = verification.verify(ctx.db, job_id, epoch)
+    return Verification(
+        epoch=v.epoch,
+        equal=v.equal,
+        mv_rows=v.mv_rows,
+        expected_rows=v.expected_rows,
+        missing=v.missing,
+        unexpected=v.unexpected,
+    )

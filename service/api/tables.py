@@ -10,9 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from backfill_core.schema import Column, SchemaError, TableSchema, parse_type
 from service.api.deps import get_ctx
+from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
-from service.api.limits import MAX_BIGINT, STRICT, RequestBody
+from service.api.limits import STRICT, RequestBody
 from service.catalog import tables
 from service.catalog.models import Relation
 from service.context import ServiceContext
@@ -94,12 +95,12 @@ class DmlRequest(RequestBody):
 
 
 class DmlResult(BaseModel):
-    epoch: int
+    epoch: EpochJson = Field(description="the epoch the batch was written at")
     count: int
 
 
 class RowsPage(BaseModel):
-    epoch: int
+    epoch: EpochJson = Field(description="the committed epoch read at: pass it back with `after`")
     rows: list[dict[str, Any]]
     next: str | None = Field(
         description="pass back as `after` for the next page; null on the last page"
@@ -181,7 +182,8 @@ def apply_dml(
     epoch, count = tables.apply_dml(ctx.db, name, ops, ctx.clock)
     if wait and not wait_committed(ctx.db, MAIN_GRAPH_ID, epoch, WAIT_TIMEOUT_S):
         raise Timeout(
-            f"epoch {epoch} was not committed within {WAIT_TIMEOUT_S:.0f}s", {"epoch": epoch}
+            f"epoch {epoch} was not committed within {WAIT_TIMEOUT_S:.0f}s",
+            {"epoch": str(epoch)},  # as in every answer (service.api.epochs)
         )
     return DmlResult(epoch=epoch, count=count)
 
@@ -196,7 +198,7 @@ def read_rows(
     name: str,
     ctx: Ctx,
     epoch: Annotated[
-        int | None, Query(ge=1, le=MAX_BIGINT, description="default: the latest committed epoch")
+        EpochQuery | None, Query(description="default: the latest committed epoch")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     after: Annotated[

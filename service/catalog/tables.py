@@ -197,18 +197,21 @@ def _parse_ops(schema: TableSchema, ops: Sequence[DmlOp]) -> list[tuple[str, Row
 
 
 def readable_epoch(epoch: int | None, committed: int, gc_epoch: int) -> int:
-    """The epoch a committed read happens at: 409 if not committed yet, 410 if collected."""
+    """The epoch a committed read happens at: 409 if not committed yet, 410 if collected.
+
+    The details carry epochs as decimal strings, as every public answer does
+    (``service.api.epochs``: JavaScript clients round larger JSON numbers)."""
     if epoch is None:
         epoch = committed
     elif epoch > committed:
         raise Conflict(
             f"epoch {epoch} is not committed yet (committed: {committed})",
-            {"committed_epoch": committed},
+            {"committed_epoch": str(committed)},
         )
     if epoch < gc_epoch:
         raise Gone(
             f"epoch {epoch} was garbage-collected (oldest readable: {gc_epoch})",
-            {"oldest_readable_epoch": gc_epoch},
+            {"oldest_readable_epoch": str(gc_epoch)},
         )
     return epoch
 

@@ -350,6 +350,8 @@ function renderJob(job, progress) {
     bar.removeAttribute("value"); // indeterminate
     $("job-percent").textContent = "estimating…";
   }
+  // epochs are decimal strings (docs/api.md#epochs): shown as they come, never through
+  // Number(), which rounds them past 2^53 (compare them as BigInt if ever needed)
   $("job-rows").textContent =
     `${fmtInt(progress.rows)} of ${total ? `about ${fmtInt(progress.total_estimate)}` : "an unknown number of"} rows · ` +
     `committed epoch ${progress.committed_epoch}`;

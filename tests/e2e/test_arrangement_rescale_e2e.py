@@ -214,7 +214,8 @@ def test_rescale_after_some_actors_finished_keeps_deletes_and_filter_moves(
         )
         wait_for(
             lambda: (
-                http.get(f"/v1/jobs/{job}").json()["committed_epoch"] > recovered["committed_epoch"]
+                int(http.get(f"/v1/jobs/{job}").json()["committed_epoch"])
+                > int(recovered["committed_epoch"])
             ),
             what="the rescaled actor's first barrier committed",
         )
@@ -236,9 +237,9 @@ def test_rescale_after_some_actors_finished_keeps_deletes_and_filter_moves(
     v = http.get(f"/v1/jobs/{job}/verify").json()
     assert v["equal"], v
     mv = http.get(f"/v1/jobs/{job}").json()["mv_table"]
-    upstream = all_rows(http, "orders", v["epoch"])
+    upstream = all_rows(http, "orders", int(v["epoch"]))
     expected = {(int(r["id"]), int(r["amount"])) for r in upstream if r["amount"] >= THRESHOLD}
-    actual = {(int(r["id"]), int(r["amount"])) for r in all_rows(http, mv, v["epoch"])}
+    actual = {(int(r["id"]), int(r["amount"])) for r in all_rows(http, mv, int(v["epoch"]))}
     stale = sorted(actual - expected)
     assert not stale and actual == expected, f"rows the upstream no longer has: {stale[:10]}"
     assert len(expected) > HEAVY_ROWS // 2

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import text
 
 from service.db import Database
-from service.settings import Settings
 from spark_workers.runtime import Worker
+from spark_workers.settings import WorkerSettings
 from tests.kit.e2e import (
     Writer,
     assert_exact,
@@ -30,7 +30,7 @@ from tests.kit.e2e import (
 
 pytestmark = pytest.mark.slow
 
-NO_SPARK = Settings(spark_mode="never")
+NO_SPARK = WorkerSettings(spark_mode="never")
 ROWS = 10_000
 
 
@@ -86,15 +86,15 @@ COMMITS_HELD = 5
 def assert_held_still(http: httpx.Client, job: int, held: dict[str, Any]) -> None:
     """Over ``COMMITS_HELD`` more committed epochs of the job's graph, its progress (rows,
     and each vnode's position and rows) does not move. Progress moves only at commits."""
-    last = held["committed_epoch"]
+    last = int(held["committed_epoch"])
     for _ in range(COMMITS_HELD):
         p = wait_for(
-            lambda last=last: (p := progress(http, job))["committed_epoch"] > last and p,
+            lambda last=last: int((p := progress(http, job))["committed_epoch"]) > last and p,
             what="another committed epoch",
         )
         assert p["state"] == "creating", p["state"]
         assert (p["rows"], p["vnodes"]) == (held["rows"], held["vnodes"]), "a held job read"
-        last = p["committed_epoch"]
+        last = int(p["committed_epoch"])
 
 
 @pytest.mark.parametrize("kind", ["arrangement", "snapshot"])
@@ -180,11 +180,10 @@ def test_a_checkpoint_frequency_of_3_commits_at_checkpoints_and_the_view_is_exac
                 def check() -> Any:
                     graph = graph_of(db, job)
                     p = progress(http, job)
-                    if p["committed_epoch"]:
-                        kinds.update(
-                            assert_committed_at_checkpoints(db, graph, p["committed_epoch"])
-                        )
-                        commits.add(p["committed_epoch"])
+                    committed = int(p["committed_epoch"])
+                    if committed:
+                        kinds.update(assert_committed_at_checkpoints(db, graph, committed))
+                        commits.add(committed)
                     return done(p)
 
                 return check
@@ -274,7 +273,7 @@ def test_a_snapshot_backfill_rescaled_in_its_log_store_phase_is_created_exact(
     with Writer(http, "orders", ROWS, seed=44) as writer:
         # phase 1 takes some 10 s (rate limited): many upstream epochs to replay after it
         job = create_job(http, "rescaled_replay", "snapshot", rate_limit=500)
-        snapshot_epoch = job_view(http, job)["snapshot_epoch"]
+        snapshot_epoch = int(job_view(http, job)["snapshot_epoch"])
 
         def replaying_with_epochs_to_go() -> bool:
             p = progress(http, job)
@@ -283,7 +282,9 @@ def test_a_snapshot_backfill_rescaled_in_its_log_store_phase_is_created_exact(
             # catches up a few epochs a round: this leaves it a good while in the log store)
             return (
                 p["phase"] == "log_store"
-                and any(snapshot_epoch < e <= p["committed_epoch"] for e in list(writer.epochs))
+                and any(
+                    snapshot_epoch < e <= int(p["committed_epoch"]) for e in list(writer.epochs)
+                )
                 and (p["log_store_lag_epochs"] or 0) >= 20
             )
 
@@ -296,17 +297,18 @@ def test_a_snapshot_backfill_rescaled_in_its_log_store_phase_is_created_exact(
         assert rescaled["state"] == "creating" and rescaled["recovering"], rescaled
         at_rescale = progress(http, job)
         assert at_rescale["phase"] in ("log_store", "finishing"), at_rescale["phase"]
-        assert at_rescale["committed_epoch"] > snapshot_epoch
+        rescaled_at = int(at_rescale["committed_epoch"])
+        assert rescaled_at > snapshot_epoch
         wait_created(http, job)
         assert_exact(http, job)
     assert job_view(http, job)["parallelism"] == 3
     stream = events(http, job)
     assert "event: rescaled" in stream and '"reason": "rescale"' in stream
     # exact at the epochs replayed before and after the rescale (a spread of them)
-    finished = job_view(http, job)["finished_epoch"]
+    finished = int(job_view(http, job)["finished_epoch"])
     replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
-    assert any(e <= at_rescale["committed_epoch"] for e in replayed)
-    assert any(e > at_rescale["committed_epoch"] for e in replayed)
+    assert any(e <= rescaled_at for e in replayed)
+    assert any(e > rescaled_at for e in replayed)
     step = max(1, len(replayed) // 30)
     for e in [snapshot_epoch, *replayed[::step], replayed[-1], finished]:
         v = http.get(f"/v1/jobs/{job}/verify", params={"epoch": e}).json()

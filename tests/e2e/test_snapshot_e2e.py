@@ -91,7 +91,7 @@ def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
             filter={"col": "amount", "op": ">=", "value": 20},
         )
         view = http.get(f"/v1/jobs/{job}").json()
-        snapshot_epoch = view["snapshot_epoch"]
+        snapshot_epoch = int(view["snapshot_epoch"])
         assert view["kind"] == "snapshot" and snapshot_epoch > 0
 
         last: dict = {}  # type: ignore[type-arg]
@@ -110,7 +110,7 @@ def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
     assert {"snapshot", "done"} <= phases, phases
     stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
     assert "event: phase_changed" in stream and '"phase": "log_store"' in stream
-    finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
+    finished = int(http.get(f"/v1/jobs/{job}").json()["finished_epoch"])
     assert finished > snapshot_epoch
     # the epochs the writer wrote in while the job replayed its log store are exact (each
     # check compares whole tables: a spread of 30 of them, the first and the last included)
@@ -122,7 +122,7 @@ def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
     assert v["equal"] and v["mv_rows"] == v["expected_rows"] > 20_000
     assert worker.spark is not None and worker.spark.jobs > 0  # the snapshot went through Spark
     # the creating graph is gone, the job lives in the main graph
-    assert http.get(f"/v1/jobs/{job}").json()["committed_epoch"] >= finished
+    assert int(http.get(f"/v1/jobs/{job}").json()["committed_epoch"]) >= finished
 
 
 @contextmanager
@@ -166,7 +166,7 @@ def test_snapshot_backfill_survives_kill_9_rescale_gc_and_control_plane_restart(
             # pin and no further
             r = http.patch(f"/v1/jobs/{job}", json={"rate_limit": 0})
             assert r.status_code == 200, r.text
-            snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
+            snapshot_epoch = int(http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"])
             wait_for(lambda: gc_epoch(db, "orders") > 0, what="a garbage collection")
             assert http.get(f"/v1/jobs/{job}").json()["state"] == "creating"
             assert gc_epoch(db, "orders") <= snapshot_epoch
@@ -203,13 +203,13 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
             first = start_worker("replayer")
             # phase 1 takes seconds (rate limited): many upstream epochs to replay
             job = create_job(http, "replay_survivor", "snapshot", rate_limit=1_000)
-            snapshot_epoch = http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"]
+            snapshot_epoch = int(http.get(f"/v1/jobs/{job}").json()["snapshot_epoch"])
 
             def replaying_with_epochs_to_go() -> bool:
                 p = progress(http, job)
                 assert p["state"] == "creating", p["state"]
                 # an epoch with writes replayed and committed, more still to go
-                done = p["committed_epoch"]
+                done = int(p["committed_epoch"])
                 return (
                     p["phase"] == "log_store"
                     and any(snapshot_epoch < e <= done for e in list(writer.epochs))
@@ -222,7 +222,8 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
             # the dead worker can neither replay further nor merge: the kill hit phase 2
             killed_at = progress(http, job)
             assert killed_at["state"] == "creating" and killed_at["phase"] == "log_store"
-            assert killed_at["committed_epoch"] > snapshot_epoch
+            killed_epoch = int(killed_at["committed_epoch"])
+            assert killed_epoch > snapshot_epoch
             # and the control plane goes away and comes back meanwhile
             with writer.paused():
                 server.restart()
@@ -233,10 +234,10 @@ def test_snapshot_backfill_survives_kill_9_and_a_restart_while_it_replays_its_lo
         stream = http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
         assert "event: recovered" in stream and "event: created" in stream
         # exact at the epochs replayed before and after the kill (a spread of them)
-        finished = http.get(f"/v1/jobs/{job}").json()["finished_epoch"]
+        finished = int(http.get(f"/v1/jobs/{job}").json()["finished_epoch"])
         replayed = sorted({e for e in writer.epochs if snapshot_epoch < e <= finished})
-        assert any(e <= killed_at["committed_epoch"] for e in replayed)
-        assert any(e > killed_at["committed_epoch"] for e in replayed)
+        assert any(e <= killed_epoch for e in replayed)
+        assert any(e > killed_epoch for e in replayed)
         step = max(1, len(replayed) // 30)
         assert_exact_at(http, job, [snapshot_epoch, *replayed[::step], replayed[-1], finished])
 

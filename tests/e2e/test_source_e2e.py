@@ -142,10 +142,11 @@ def test_source_backfill_at_scale_is_exact_through_rescale_and_kill(
             )
             assert http.post(f"/v1/jobs/{job}/pause").status_code == 200
             # paused: the shared source goes on, the backfill does not
-            start = http.get(f"/v1/jobs/{job}").json()["committed_epoch"]
+            start = int(http.get(f"/v1/jobs/{job}").json()["committed_epoch"])
             wait_for(
                 lambda: (
-                    http.get(f"/v1/jobs/{job}").json()["committed_epoch"] > start + (2_000 << 16)
+                    int(http.get(f"/v1/jobs/{job}").json()["committed_epoch"])
+                    > start + (2_000 << 16)
                 ),
                 what="epochs while paused",
             )
@@ -283,7 +284,7 @@ def test_the_view_never_runs_ahead_of_a_stalled_source(
         brief = {k: x for k, x in v.items() if k != "missing"}
         assert v["unexpected"] == [] and v["expected_rows"] == 2_000, brief
         if v["equal"]:
-            reached.add(v["epoch"])
+            reached.add(int(v["epoch"]))
         return len(reached) >= 3
 
     wait_for(all_the_source_has_at_more_epochs, what="the backfill up to the source, no further")

@@ -119,7 +119,7 @@ def test_a_deregistered_workers_graphs_recover_onto_the_other_workers(
 
 def test_verify_at_a_garbage_collected_epoch_is_410_gone(client: TestClient, db: Database) -> None:
     create(client)
-    first = dml(client, [ins(i) for i in range(10)]).json()["epoch"]
+    first = int(dml(client, [ins(i) for i in range(10)]).json()["epoch"])
     for round_ in range(3):  # versions that shadow the first ones
         ops = [{"op": "update", "row": {"id": i, "amount": str(round_)}} for i in range(10)]
         dml(client, ops)
@@ -139,14 +139,14 @@ def test_verify_at_a_garbage_collected_epoch_is_410_gone(client: TestClient, db:
     [collected] = [r for r in gc.run_gc(db, retention_ms=0) if r.removed_versions]
     assert collected.safe_epoch > first
     error = assert_error(client.get(f"/v1/jobs/{job}/verify", params={"epoch": first}), 410, "gone")
-    oldest = error["details"]["oldest_readable_epoch"]
+    oldest = int(error["details"]["oldest_readable_epoch"])
     assert oldest == collected.safe_epoch
     # the oldest readable epoch itself reads, and so does the latest
     at_oldest = client.get(f"/v1/jobs/{job}/verify", params={"epoch": oldest})
     assert at_oldest.status_code == 200, at_oldest.text
-    assert at_oldest.json()["epoch"] == oldest and at_oldest.json()["equal"]
+    assert int(at_oldest.json()["epoch"]) == oldest and at_oldest.json()["equal"]
     latest = client.get(f"/v1/jobs/{job}/verify")
-    assert latest.status_code == 200 and latest.json()["epoch"] >= oldest
+    assert latest.status_code == 200 and int(latest.json()["epoch"]) >= oldest
 
 
 # --- README "Security" and docs/operations.md "Tokens and roles": a token per start for

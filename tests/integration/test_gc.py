@@ -23,14 +23,14 @@ def _versions(db: Database) -> int:
 
 def test_gc_respects_pins_and_keeps_pinned_reads_exact(client: TestClient, db: Database) -> None:
     create(client)
-    e1 = dml(client, [ins(i) for i in range(10)]).json()["epoch"]
+    e1 = int(dml(client, [ins(i) for i in range(10)]).json()["epoch"])
     snap1 = rows(client, epoch=e1, limit=100)["rows"]
     gc.pin(db, "orders", "job:test", e1)
     epochs = [e1]
     for round_ in range(3):
         ops = [{"op": "update", "row": {"id": i, "amount": str(round_)}} for i in range(10)]
-        epochs.append(dml(client, ops).json()["epoch"])
-    epochs.append(dml(client, [{"op": "delete", "row": {"id": 0}}]).json()["epoch"])
+        epochs.append(int(dml(client, ops).json()["epoch"]))
+    epochs.append(int(dml(client, [{"op": "delete", "row": {"id": 0}}]).json()["epoch"]))
     snaps = {e: rows(client, epoch=e, limit=100)["rows"] for e in epochs}
     before = _versions(db)
 
@@ -87,7 +87,7 @@ def test_a_page_of_rows_at_an_epoch_sees_one_snapshot_while_gc_runs(
     removes none of the versions the read needs (the chaos harness found ``verify``
     missing an upstream key deleted after the epoch it read at)."""
     create(client)
-    e1 = dml(client, [ins(i) for i in range(10)]).json()["epoch"]
+    e1 = int(dml(client, [ins(i) for i in range(10)]).json()["epoch"])
     dml(client, [{"op": "delete", "row": {"id": 0}}])
     removed = _gc_after_the_epoch_check(db, monkeypatch, tables)
     page = tables.read_rows(db, "orders", e1, 100, None)
@@ -99,7 +99,7 @@ def test_verify_sees_one_snapshot_while_gc_runs(
     client: TestClient, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     create(client)
-    e1 = dml(client, [ins(i) for i in range(10)]).json()["epoch"]
+    e1 = int(dml(client, [ins(i) for i in range(10)]).json()["epoch"])
     dml(client, [{"op": "delete", "row": {"id": 0}}])
     body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "arrangement"}
     job = client.post("/v1/jobs", json=body).json()["id"]  # no worker: the MV stays empty

@@ -83,11 +83,11 @@ def test_a_snapshot_backfill_runs_apart_then_merges(
     client, loop = manual
     w = FakeWorker(client).register()
     job = snapshot_job(client, loop, parallelism=2)
-    snapshot_epoch = job["snapshot_epoch"]
+    snapshot_epoch = int(job["snapshot_epoch"])
     assert snapshot_epoch == committed_epoch(db) > 0
     graph = graph_of_job(db, job["id"])
     assert graph is not None and graph.kind == "creating"
-    assert job["committed_epoch"] == 0  # the job's own graph
+    assert job["committed_epoch"] == "0"  # the job's own graph
 
     # phase 1: fake epochs, far below the snapshot epoch, each telling the upstream's epoch
     loop.tick()
@@ -145,7 +145,7 @@ def test_a_snapshot_backfill_runs_apart_then_merges(
             break
     assert graph_of_job(db, job["id"]) is None, "never merged"
     view = client.get(f"/v1/jobs/{job['id']}").json()
-    assert view["state"] == "created" and view["finished_epoch"] >= committed
+    assert view["state"] == "created" and int(view["finished_epoch"]) >= committed
     loop.tick()
     moved = w.poll()
     assert {a["graph_id"] for a in moved} == {1}
@@ -307,7 +307,7 @@ def _busy_main_and_a_snapshot_job(
         collect(w, "consumed")
         g = graph_of_job(db, job["id"])
         assert g is not None
-        if g.current_epoch >= job["snapshot_epoch"]:
+        if g.current_epoch >= int(job["snapshot_epoch"]):
             break
     for _ in range(20):  # now only the snapshot job collects: the main graph is busy
         loop.tick()
@@ -367,7 +367,7 @@ def test_a_snapshot_job_joins_the_main_graph_at_its_barriers_in_flight(
     loop.tick()
     assert graph_of_job(db, job) is None, "never merged"
     view = client.get(f"/v1/jobs/{job}").json()
-    assert view["state"] == "created" and view["finished_epoch"] == committed
+    assert view["state"] == "created" and view["finished_epoch"] == str(committed)
     (moved,) = [a for a in w.poll() if a["actor_id"] == snap_actor]
     assert moved["graph_id"] == 1 and moved["restore"] is None
     assert [(b["prev"], b["curr"]) for b in moved["barriers"]] == main_in_flight(db)
@@ -404,7 +404,7 @@ def test_once_the_hold_ended_the_job_replays_on_and_merges_later(
         if graph_of_job(db, job) is None:
             break
     assert graph_of_job(db, job) is None, "never merged"
-    assert client.get(f"/v1/jobs/{job}").json()["finished_epoch"] >= joins_at
+    assert int(client.get(f"/v1/jobs/{job}").json()["finished_epoch"]) >= joins_at
 
 
 def test_a_late_collect_of_an_earlier_incarnation_is_stale_though_its_epochs_came_again(

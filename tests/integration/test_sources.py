@@ -167,7 +167,7 @@ def test_the_shared_source_advances_per_epoch_and_hands_out_new_partitions(
         assert all(start == 1 for start, _ in second.values())
         loop.tick()  # closes the epoch the source moved in
         worker.collect_all()
-        committed = client.get(f"/v1/jobs/{job}").json()["committed_epoch"]
+        committed = int(client.get(f"/v1/jobs/{job}").json()["committed_epoch"])
         ScriptedProbe.marks = {p: (0, 1 + 10_000 * (p + 1)) for p in range(MOCK_PARTITIONS)}
 
         # a partition appears: read from its first offset, handed to the actor with fewest

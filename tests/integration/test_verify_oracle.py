@@ -45,8 +45,8 @@ def _verify(client: TestClient, job: int, epoch: int) -> dict[str, Any]:
 def test_verify_tells_a_wrong_view_from_the_right_one(client: TestClient, db: Database) -> None:
     create(client)
     amounts = {i: Decimal(i % 4) for i in range(8)}  # 2, 3, 6 and 7 pass the filter
-    e1 = dml(client, [ins(i, amount=str(a)) for i, a in amounts.items()]).json()["epoch"]
-    e2 = dml(client, [{"op": "delete", "row": {"id": 3}}]).json()["epoch"]
+    e1 = int(dml(client, [ins(i, amount=str(a)) for i, a in amounts.items()]).json()["epoch"])
+    e2 = int(dml(client, [{"op": "delete", "row": {"id": 3}}]).json()["epoch"])
     job = client.post("/v1/jobs", json=VIEW).json()["id"]  # no worker: the MV stays empty
     exact = [(i, a) for i, a in amounts.items() if a >= 2]
 

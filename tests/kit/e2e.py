@@ -177,7 +177,7 @@ def assert_exact(http: httpx.Client, job: int, times: int = 2, timeout: float = 
     def verified_at_enough_epochs() -> bool:
         v = http.get(f"/v1/jobs/{job}/verify").json()
         assert v["equal"], v
-        seen.add(v["epoch"])
+        seen.add(int(v["epoch"]))
         return len(seen) >= times
 
     wait_for(verified_at_enough_epochs, timeout, f"the view verified at {times} committed epochs")
