@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from backfill_core.protocol import CollectRequest
 from bench._pg import fresh_database
 from spark_workers.client import ControlPlaneClient
 from tests.kit.auth import TOKENS, http_client
@@ -36,12 +37,7 @@ def _fake_worker(url: str, stop: threading.Event) -> None:
     client.register(f"bench-{uuid.uuid4().hex[:6]}", ACTORS)
     while not stop.is_set():
         batch = [
-            {
-                "actor_id": a.actor_id,
-                "recovery_seq": a.recovery_seq,
-                "prev_epoch": b["prev"],
-                "curr_epoch": b["curr"],
-            }
+            CollectRequest(a.actor_id, a.recovery_seq, b.prev, b.curr)
             for a in client.poll(timeout_ms=500).assignments
             for b in a.barriers
         ]

@@ -8,13 +8,19 @@ from typing import Any
 from psycopg2 import sql
 
 from backfill_core.changes import Version
-from backfill_core.epoch import EpochPair
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeProgress, VnodeState
 from backfill_core.executors.chain import ChainBackfill
-from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
+from backfill_core.executors.messages import Barrier
 from backfill_core.executors.snapshot import SnapshotBackfill, VnodeBackfillProgress
 from backfill_core.executors.snapshot import VnodeState as SnapshotVnodeState
-from backfill_core.protocol import Assignment, RestoreState
+from backfill_core.protocol import (
+    Assignment,
+    BarrierMessage,
+    CollectProgress,
+    CollectRequest,
+    RestoreState,
+    VnodeRestore,
+)
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
 from backfill_core.view import View
 from state_store.pushdown import READ, write_view
@@ -28,15 +34,6 @@ class Fenced(Exception):
     def __init__(self, graph_id: int, message: str) -> None:
         super().__init__(message)
         self.graph_id = graph_id
-
-
-def barrier_of(message: dict[str, Any]) -> Barrier:
-    """A barrier as the control plane sends it, as the executors take it."""
-    return Barrier(
-        EpochPair(message["prev"], message["curr"]),
-        BarrierKind(message["kind"]),
-        Mutation.from_json(message.get("mutation")),
-    )
 
 
 def fence(cur: Any, graph_id: int, recovery_seq: int, actor_id: int) -> None:
@@ -163,15 +160,15 @@ class ActorRunner:
         self.graph_id = graph_id
         self.recovery_seq = recovery_seq
 
-    def _progress_json(self) -> list[dict[str, Any]]:
-        rows = self.executor.progress_rows()
-        for r in rows:
-            pos = r["current_pos"]
-            if pos is not None:
-                r["current_pos"] = [
-                    value_to_json(t, x) for t, x in zip(self._pk_types, pos, strict=True)
-                ]
-        return rows
+    def _progress(self) -> tuple[VnodeRestore, ...]:
+        """The executor's per-vnode progress, its positions as JSON values."""
+        rows = (VnodeRestore.from_json(r) for r in self.executor.progress_rows())
+        return tuple(replace(v, current_pos=self._pos_json(v.current_pos)) for v in rows)
+
+    def _pos_json(self, pos: Any) -> list[Any] | None:
+        if pos is None:
+            return None
+        return [value_to_json(t, x) for t, x in zip(self._pk_types, pos, strict=True)]
 
     def remaining_estimate(self, conn: Any) -> int:
         """Rows still to read, from the planner's row estimate (cheap, approximate)."""
@@ -199,9 +196,9 @@ class ActorRunner:
     def has_reads(self) -> bool:
         return not self.in_rounds and self.executor.next_read(1) is not None
 
-    def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
+    def on_barrier(self, conn: Any, message: BarrierMessage) -> CollectRequest:
         """Complete the closing epoch (write its changes) and return the collect."""
-        barrier = barrier_of(message)
+        barrier = message.barrier
         ex = self.executor
         with conn.cursor() as cur:
             needed = ex.changes_needed(barrier)
@@ -217,9 +214,7 @@ class ActorRunner:
                 self._truncate = False
             if isinstance(ex, SnapshotBackfill):
                 self._first_snapshot_barrier(ex, barrier)
-                out = ex.on_barrier(
-                    barrier, changes, upstream_latest_epoch=message.get("upstream_epoch")
-                )
+                out = ex.on_barrier(barrier, changes, upstream_latest_epoch=message.upstream_epoch)
             else:
                 out = ex.on_barrier(barrier, changes)
             versions = []
@@ -232,21 +227,21 @@ class ActorRunner:
                 )
             self.mv.write(cur, out.write_epoch, versions)
         conn.commit()
-        return {
-            "actor_id": self.actor_id,
-            "recovery_seq": self.recovery_seq,
-            "prev_epoch": barrier.epoch.prev,
-            "curr_epoch": barrier.epoch.curr,
-            "progress": self._report(),
-            "rows": out.rows,
-            "finished": out.finished,
-        }
+        return CollectRequest(
+            self.actor_id,
+            self.recovery_seq,
+            barrier.epoch.prev,
+            barrier.epoch.curr,
+            self._report(),
+            out.rows,
+            out.finished,
+        )
 
-    def _report(self) -> dict[str, Any]:
+    def _report(self) -> CollectProgress:
         report: dict[str, Any] = {}
         if isinstance(self.executor, SnapshotBackfill):
             report = {k: v for k, v in self.executor.report().items() if k != "vnodes"}
-        return {"vnodes": self._progress_json(), **report}
+        return CollectProgress(vnodes=self._progress(), report=report)
 
     def read_some(self, conn: Any, max_rows: int) -> int:
         """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""

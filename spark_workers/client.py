@@ -5,6 +5,9 @@ request provably never reached the server), heartbeats and polls are reads or
 refreshes, and collects are idempotent per (actor, epoch) on the server, so a collect
 whose response was lost comes back as ``duplicate`` instead of being applied twice.
 Every request carries the worker's token (``BACKFILL_WORKER_TOKEN``) when it has one.
+
+The messages are the protocol's types (``backfill_core.protocol``), decoded here once:
+the rest of the worker never reads a message's JSON.
 """
 
 from __future__ import annotations
@@ -17,7 +20,19 @@ from typing import Any
 
 import httpx
 
-from backfill_core.protocol import ErrorBody, ErrorCode, PollAnswer
+from backfill_core.protocol import (
+    CollectAnswer,
+    CollectBatch,
+    CollectBatchAnswer,
+    CollectProgress,
+    CollectRequest,
+    ErrorBody,
+    ErrorCode,
+    FailureReport,
+    PollAnswer,
+    RegisterRequest,
+    Registration,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,13 +121,12 @@ class ControlPlaneClient:
             raise error
         return r.json() if r.content else None
 
-    def register(self, name: str, capacity: int) -> dict[str, Any]:
-        r = self._call(
-            "POST", "/v1/workers", idempotent=False, json={"name": name, "capacity": capacity}
-        )
-        body: dict[str, Any] = self._json(r, 201)
-        self.worker_id = int(body["worker_id"])
-        return body
+    def register(self, name: str, capacity: int) -> Registration:
+        body = RegisterRequest(name, capacity).to_json()
+        r = self._call("POST", "/v1/workers", idempotent=False, json=body)
+        registration = Registration.from_json(self._json(r, 201))
+        self.worker_id = registration.worker_id
+        return registration
 
     def heartbeat(self) -> None:
         self._json(self._call("POST", f"/v1/workers/{self.worker_id}/heartbeat"), 204)
@@ -138,41 +152,25 @@ class ControlPlaneClient:
         curr_epoch: int,
         *,
         recovery_seq: int,
-        progress: dict[str, Any] | None = None,
+        progress: CollectProgress | None = None,
         rows: int = 0,
         finished: bool = False,
-    ) -> dict[str, Any]:
-        body = {
-            "actor_id": actor_id,
-            "recovery_seq": recovery_seq,
-            "prev_epoch": prev_epoch,
-            "curr_epoch": curr_epoch,
-            "progress": progress,
-            "rows": rows,
-            "finished": finished,
-        }
-        result: dict[str, Any] = self._json(
-            self._call("POST", f"/v1/workers/{self.worker_id}/collect", json=body)
-        )
-        return result
+    ) -> CollectAnswer:
+        body = CollectRequest(
+            actor_id, recovery_seq, prev_epoch, curr_epoch, progress, rows, finished
+        ).to_json()
+        r = self._call("POST", f"/v1/workers/{self.worker_id}/collect", json=body)
+        return CollectAnswer.from_json(self._json(r))
 
-    def collect_many(self, collects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def collect_many(self, collects: list[CollectRequest]) -> list[CollectAnswer]:
         """Several collects in one request, applied all or nothing (and idempotent)."""
-        r = self._call(
-            "POST", f"/v1/workers/{self.worker_id}/collects", json={"collects": collects}
-        )
-        results: list[dict[str, Any]] = self._json(r)["results"]
-        return results
+        body = CollectBatch(collects).to_json()
+        r = self._call("POST", f"/v1/workers/{self.worker_id}/collects", json=body)
+        return CollectBatchAnswer.from_json(self._json(r)).results
 
     def report_failure(self, message: str, actor_id: int | None = None) -> None:
-        self._json(
-            self._call(
-                "POST",
-                f"/v1/workers/{self.worker_id}/failures",
-                json={"actor_id": actor_id, "message": message},
-            ),
-            202,
-        )
+        body = FailureReport(message, actor_id).to_json()
+        self._json(self._call("POST", f"/v1/workers/{self.worker_id}/failures", json=body), 202)
 
     def deregister(self) -> None:
         self._json(self._call("DELETE", f"/v1/workers/{self.worker_id}"), 204)

@@ -14,7 +14,8 @@ reach (it also needs a jar that pip does not ship). The reader streams
 Arrow kernels and writes CSV through COPY, so no Python code runs per row on either side
 (except to convert bytea values and to test numeric or jsonb filter leaves).
 
-Format ``backfill_store``; one option ``plan`` (JSON, built by ``spark_path``):
+Format ``backfill_store``; one option ``plan`` (``backfill_core.protocol.TablePlan`` as
+JSON text, built by ``spark_path``):
 reading yields ``(_vnode, <upstream columns>)`` for each partition's vnode reads, in
 (vnode, pk) order; writing (append) applies the view (filter and projection) to those
 rows, writes the MV rows at the plan's write epoch under the fence, and sends the
@@ -41,7 +42,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from backfill_core.schema import ColumnType, TableSchema, coerce_value, value_to_json
+from backfill_core.protocol import TablePlan
+from backfill_core.schema import ColumnType, TableSchema, value_to_json
 from state_store.options import WORKER_DATA_OPTIONS
 
 FORMAT = "backfill_store"
@@ -103,57 +105,6 @@ def _from_spark(t: ColumnType) -> Any:
 
 
 @dataclass
-class Plan:
-    dsn: str
-    upstream_table: str
-    upstream_schema: TableSchema
-    mv_table: str
-    mv_schema: TableSchema
-    columns: list[str]
-    filter: Any
-    graph_id: int
-    recovery_seq: int
-    read_epoch: int
-    write_epoch: int
-    partitions: list[list[tuple[int, Any, int]]]  # (vnode, after pk as JSON, limit)
-    # pushed down: groups of reads (limit, [(vnode, after pk as JSON)]), each read vnode
-    # after vnode under its limit, which the tasks take in turn from the work queue
-    # ``queue`` (a token of ``work_queues``)
-    groups: list[tuple[int, list[tuple[int, Any]]]] | None = None
-    queue: str | None = None
-    # a job spanning epochs: each group is a round at the epochs the driver releases in
-    # the queue's row (``pushdown_tasks._run_rounds``), not at the plan's
-    rounds: bool = False
-
-    @classmethod
-    def from_json(cls, text: str) -> Plan:
-        d = json.loads(text)
-        return cls(
-            dsn=d["dsn"],
-            upstream_table=d["upstream_table"],
-            upstream_schema=TableSchema.from_json(d["upstream_schema"]),
-            mv_table=d["mv_table"],
-            mv_schema=TableSchema.from_json(d["mv_schema"]),
-            columns=d["columns"],
-            filter=d["filter"],
-            graph_id=d["graph_id"],
-            recovery_seq=d["recovery_seq"],
-            read_epoch=d["read_epoch"],
-            write_epoch=d["write_epoch"],
-            partitions=[[tuple(r) for r in p] for p in d["partitions"]],  # type: ignore[misc]
-            groups=d.get("groups"),
-            queue=d.get("queue"),
-            rounds=bool(d.get("rounds", False)),
-        )
-
-    def pk_from_json(self, value: Any) -> tuple[Any, ...] | None:
-        if value is None:
-            return None
-        types = self.upstream_schema.pk_types
-        return tuple(coerce_value(t, x) for t, x in zip(types, value, strict=True))
-
-
-@dataclass
 class VnodeReads(InputPartition):  # type: ignore[misc]
     index: int
 
@@ -164,7 +115,7 @@ class StoreDataSource(DataSource):  # type: ignore[misc]
         return FORMAT
 
     def schema(self) -> str:
-        return spark_ddl(Plan.from_json(self.options["plan"]).upstream_schema)
+        return spark_ddl(TablePlan.from_text(self.options["plan"]).upstream_schema)
 
     def reader(self, schema: Any) -> DataSourceReader:
         return SnapshotReader(self.options["plan"])
@@ -178,7 +129,7 @@ class SnapshotReader(DataSourceReader):  # type: ignore[misc]
         self.plan_text = plan
 
     def partitions(self) -> list[InputPartition]:
-        return [VnodeReads(i) for i in range(len(Plan.from_json(self.plan_text).partitions))]
+        return [VnodeReads(i) for i in range(len(TablePlan.from_text(self.plan_text).partitions))]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         """The partition's reads as one ``COPY ... TO STDOUT (FORMAT csv)``, parsed by
@@ -188,12 +139,12 @@ class SnapshotReader(DataSourceReader):  # type: ignore[misc]
 
         from state_store.versioned import VersionedTable
 
-        plan = Plan.from_json(self.plan_text)
+        plan = TablePlan.from_text(self.plan_text)
         up = VersionedTable(plan.upstream_table, plan.upstream_schema)
         reads = [(v, plan.pk_from_json(a), n) for v, a, n in plan.partitions[partition.index]]
         if not reads:
             return
-        conn = psycopg2.connect(plan.dsn, options=WORKER_DATA_OPTIONS)
+        conn = psycopg2.connect(plan.write.dsn, options=WORKER_DATA_OPTIONS)
         try:
             with conn.cursor() as cur:
                 # one process per branch keeps each vnode's rows in pk order
@@ -285,12 +236,13 @@ class MvWriter(DataSourceArrowWriter):  # type: ignore[misc]
         from spark_workers.arrow_view import compile_arrow_filter, mv_copy_csv
         from state_store.versioned import VersionedTable
 
-        plan = Plan.from_json(self.plan_text)
+        plan = TablePlan.from_text(self.plan_text)
         schema = plan.upstream_schema
         types = _arrow_types(schema)
         fixes = {i: f for i, c in enumerate(schema.columns) if (f := _from_spark(c.type))}
-        keep = compile_arrow_filter(plan.filter, schema, fixes)
-        mv = VersionedTable(plan.mv_table, plan.mv_schema)
+        write = plan.write
+        keep = compile_arrow_filter(write.filter, schema, fixes)
+        mv = VersionedTable(write.mv_table, write.mv_schema)
         pk_cols = [schema.index_of(n) + 1 for n in schema.primary_key]
         pk_types = schema.pk_types
         counts: dict[int, int] = {}
@@ -302,8 +254,8 @@ class MvWriter(DataSourceArrowWriter):  # type: ignore[misc]
                 if batch.num_rows == 0:
                     continue
                 if conn is None:  # an empty partition (a warm-up) needs no connection
-                    conn = psycopg2.connect(plan.dsn, options=WORKER_DATA_OPTIONS)
-                    _fence(conn.cursor(), plan.graph_id, plan.recovery_seq)
+                    conn = psycopg2.connect(write.dsn, options=WORKER_DATA_OPTIONS)
+                    _fence(conn.cursor(), write.graph_id, write.recovery_seq)
                 with conn.cursor() as cur:
                     batch = _canonical(batch, types)
                     # rows come in (vnode, pk) order: each vnode's run ends at its last pk
@@ -323,7 +275,7 @@ class MvWriter(DataSourceArrowWriter):  # type: ignore[misc]
                     kept = batch if keep is None else batch.filter(keep(batch))
                     if kept.num_rows:
                         mv.write_csv(
-                            cur, mv_copy_csv(kept, schema, plan.mv_schema, plan.write_epoch)
+                            cur, mv_copy_csv(kept, schema, write.mv_schema, write.write_epoch)
                         )
                         written += kept.num_rows
             if conn is not None:

@@ -1,7 +1,8 @@
 """Spark's Python Data Source for source backfill: Kafka partitions read by offset range
 inside Spark tasks, the visible rows written into the MV, summaries sent back.
 
-Format ``backfill_kafka``; one option ``plan`` (JSON, built by ``spark_path``): the
+Format ``backfill_kafka``; one option ``plan`` (``backfill_core.protocol.KafkaPlan`` as
+JSON text, built by ``spark_path``): the
 source's Kafka settings, the upstream and MV schemas, the job's view, the fence (graph,
 recovery sequence) and the open epoch, and per Spark partition a list of ranges
 ``[read index, kafka partition, start (None: earliest), stop, limit, target]``. Each
@@ -22,13 +23,13 @@ task reads the same ranges and writes the same rows at the same epoch, which
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
+from backfill_core.protocol import KafkaPlan, KafkaRange
 from connectors.kafka import backfill_stop
 
 FORMAT = "backfill_kafka"
@@ -85,28 +86,27 @@ class KafkaRangeReader(DataSourceReader):  # type: ignore[misc]
         self.plan_text = plan
 
     def partitions(self) -> list[InputPartition]:
-        return [KafkaRanges(i) for i in range(len(json.loads(self.plan_text)["partitions"]))]
+        return [KafkaRanges(i) for i in range(len(KafkaPlan.from_text(self.plan_text).partitions))]
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        plan = json.loads(self.plan_text)
-        ranges = plan["partitions"][partition.index]
+        plan = KafkaPlan.from_text(self.plan_text)
+        ranges = plan.partitions[partition.index]
         if ranges:
             yield from run_ranges(plan, ranges)
 
 
-def run_ranges(plan: dict[str, Any], ranges: list[list[Any]]) -> list[tuple[Any, ...]]:
+def run_ranges(plan: KafkaPlan, ranges: list[KafkaRange]) -> list[tuple[Any, ...]]:
     """One task: read the ranges, write their visible rows, summarize each range."""
     import psycopg2
 
     from backfill_core.changes import Version
-    from backfill_core.schema import TableSchema
     from backfill_core.view import View
     from connectors.kafka import KafkaClient, KafkaSpec, parse_row
     from spark_workers.datasource import _fence
     from state_store.options import WORKER_DATA_OPTIONS
     from state_store.versioned import VersionedTable
 
-    client = KafkaClient(KafkaSpec.from_json(plan["kafka"]))
+    client = KafkaClient(KafkaSpec.from_json(plan.kafka))
     try:
         got = client.scan_ranges(
             {
@@ -116,8 +116,8 @@ def run_ranges(plan: dict[str, Any], ranges: list[list[Any]]) -> list[tuple[Any,
         )
     finally:
         client.close()
-    schema = TableSchema.from_json(plan["upstream_schema"])
-    view = View.build(schema, plan["columns"], plan["filter"])
+    schema, write = plan.upstream_schema, plan.write
+    view = View.build(schema, write.columns, write.filter)
     out: list[tuple[Any, ...]] = []
     rows: list[tuple[Any, ...]] = []
     for index, p, _, _, _, target in ranges:
@@ -129,12 +129,12 @@ def run_ranges(plan: dict[str, Any], ranges: list[list[Any]]) -> list[tuple[Any,
             (int(index), s.count, s.last_offset, s.visible, s.last_visible, len(kept), scan.end)
         )
     if rows:
-        mv = VersionedTable(plan["mv_table"], TableSchema.from_json(plan["mv_schema"]))
-        conn = psycopg2.connect(plan["dsn"], options=WORKER_DATA_OPTIONS)
+        mv = VersionedTable(write.mv_table, write.mv_schema)
+        conn = psycopg2.connect(write.dsn, options=WORKER_DATA_OPTIONS)
         try:
             with conn.cursor() as cur:
-                _fence(cur, plan["graph_id"], plan["recovery_seq"])
-                mv.write(cur, plan["write_epoch"], [Version(r) for r in rows])
+                _fence(cur, write.graph_id, write.recovery_seq)
+                mv.write(cur, write.write_epoch, [Version(r) for r in rows])
             conn.commit()
         finally:
             conn.close()

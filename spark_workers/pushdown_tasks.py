@@ -5,7 +5,7 @@ one transaction per task under the same fence and at the same epochs as the
 ``backfill_store`` writer, and return what the executors account for, per group and
 vnode: ``(group, vnode, rows read, last key read as JSON)``.
 
-The plan is ``datasource.Plan`` (the same JSON as the rows-moving path): only where
+The plan is ``backfill_core.protocol.TablePlan`` (as for the rows-moving path): only where
 the view is evaluated differs. The rows never leave Postgres, so a backfill costs the
 server what an ``INSERT ... SELECT`` does, spread over Spark's tasks. No rows flow
 through Spark either, so the tasks are a plain RDD job: a Python Data Source would add
@@ -25,8 +25,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from backfill_core.protocol import TablePlan
 from backfill_core.schema import value_to_json
-from spark_workers.datasource import Plan, _fence, fenced_off
+from spark_workers.datasource import _fence, fenced_off
 from state_store.locks import GRAPH_GATE_LOCK
 from state_store.options import WORKER_DATA_OPTIONS
 
@@ -146,7 +147,8 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
     from state_store.view_sql import filter_sql
 
     _freeze_imports()
-    plan = Plan.from_json(plan_text)
+    plan = TablePlan.from_text(plan_text)
+    w = plan.write
     if plan.groups is None or plan.queue is None:
         raise ValueError("a pushed-down plan has groups of reads and a work queue")
     if not plan.groups:
@@ -155,11 +157,11 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
         (limit, [(v, plan.pk_from_json(a), limit) for v, a in starts])
         for limit, starts in plan.groups
     ]
-    where = filter_sql(plan.filter, plan.upstream_schema, READ)
+    where = filter_sql(w.filter, plan.upstream_schema, READ)
     if where is None:
         raise ValueError("this view has no SQL form; the driver should not push it down")
     upstream = VersionedTable(plan.upstream_table, plan.upstream_schema)
-    mv = VersionedTable(plan.mv_table, plan.mv_schema)
+    mv = VersionedTable(w.mv_table, w.mv_schema)
     queue = plan.queue
 
     def write(cur: Any, g: int, read_epoch: int, write_epoch: int) -> dict[int, tuple[int, Any]]:
@@ -171,16 +173,16 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
         return []
 
     def work(cur: Any) -> dict[int, dict[int, tuple[int, Any]]]:
-        _fence(cur, plan.graph_id, plan.recovery_seq)
+        _fence(cur, w.graph_id, w.recovery_seq)
         cur.execute(_STATEMENT_SETTINGS)
         done: dict[int, dict[int, tuple[int, Any]]] = {}
-        for g in _claims(plan.dsn, queue):
+        for g in _claims(w.dsn, queue):
             if g >= len(groups):
                 break
-            done[g] = write(cur, g, plan.read_epoch, plan.write_epoch)
+            done[g] = write(cur, g, plan.read_epoch, w.write_epoch)
         return done
 
-    done = _in_transaction(plan.dsn, work)
+    done = _in_transaction(w.dsn, work)
     out: list[tuple[int, int, int, str]] = []
     for g, summary in done.items():
         out += [(g, v, n, _key_json(plan, last)) for v, (n, last) in summary.items()] or [
@@ -189,11 +191,11 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
     return out
 
 
-def _key_json(plan: Plan, key: Any) -> str:
+def _key_json(plan: TablePlan, key: Any) -> str:
     return json.dumps(_key_values(plan, key))
 
 
-def _key_values(plan: Plan, key: Any) -> list[Any]:
+def _key_values(plan: TablePlan, key: Any) -> list[Any]:
     types = plan.upstream_schema.pk_types
     return [value_to_json(t, x) for t, x in zip(types, key, strict=True)]
 
@@ -232,7 +234,9 @@ ROUND_WAIT_S = (0.001, 0.005)
 
 
 def _run_rounds(
-    plan: Plan, n_groups: int, write: Callable[[Any, int, int, int], dict[int, tuple[int, Any]]]
+    plan: TablePlan,
+    n_groups: int,
+    write: Callable[[Any, int, int, int], dict[int, tuple[int, Any]]],
 ) -> None:
     """Run each group this task takes as one round: a transaction at the epoch the driver
     released, fenced like any write and through the graph's gate, which leaves its
@@ -240,13 +244,13 @@ def _run_rounds(
     round is accounted in the epoch it is written at, before the barrier closing that
     epoch is handled. It stops when the queue is gone."""
     assert plan.queue is not None
-    queue = plan.queue
-    for g in _claims(plan.dsn, queue):
+    queue, dsn = plan.queue, plan.write.dsn
+    for g in _claims(dsn, queue):
         if g >= n_groups:
             return
         wait = ROUND_WAIT_S[0]
         while True:
-            ran = _in_transaction(plan.dsn, lambda cur, g=g: _round(plan, queue, g, cur, write))
+            ran = _in_transaction(dsn, lambda cur, g=g: _round(plan, queue, g, cur, write))
             if ran is not None:
                 break
             time.sleep(wait)
@@ -256,18 +260,19 @@ def _run_rounds(
 
 
 def _round(
-    plan: Plan,
+    plan: TablePlan,
     queue: str,
     g: int,
     cur: Any,
     write: Callable[[Any, int, int, int], dict[int, tuple[int, Any]]],
 ) -> bool | None:
     """One attempt at group ``g``: True when it ran, None to wait, False to stop."""
-    cur.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", [GRAPH_GATE_LOCK, plan.graph_id])
-    cur.execute(_ROUND_FENCE, [queue, plan.graph_id])
+    graph_id = plan.write.graph_id
+    cur.execute("SELECT pg_advisory_xact_lock_shared(%s, %s)", [GRAPH_GATE_LOCK, graph_id])
+    cur.execute(_ROUND_FENCE, [queue, graph_id])
     row = cur.fetchone()
-    if row is None or row[0] != plan.recovery_seq:
-        raise fenced_off(plan.graph_id)
+    if row is None or row[0] != plan.write.recovery_seq:
+        raise fenced_off(graph_id)
     _, found, read_epoch, write_epoch = row
     if found is None:
         return False  # the driver ended the job

@@ -29,6 +29,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from backfill_core.executors.messages import SnapshotBatchRead
+from backfill_core.protocol import BarrierMessage
 from spark_workers.spark_path import job_epochs
 
 if TYPE_CHECKING:
@@ -90,8 +91,8 @@ class RoundsJob:
         if not self.batches:
             return False
         read_epoch, write_epoch = self._epochs()
-        plan = self.path.pushdown_plan(self.batches, self.token, read_epoch) | {"rounds": True}
-        self.fence = (plan["graph_id"], plan["recovery_seq"])
+        plan = self.path.pushdown_plan(self.batches, self.token, read_epoch, rounds=True)
+        self.fence = (plan.write.graph_id, plan.write.recovery_seq)
         self.path.queue_statement(
             "INSERT INTO work_queues (token, read_epoch, write_epoch) VALUES (%s, %s, %s)",
             self.token,
@@ -103,7 +104,7 @@ class RoundsJob:
             r.in_rounds = True
         self.path.rounds_jobs += 1
         self._thread = threading.Thread(
-            target=self._run, args=(json.dumps(plan),), name="spark-rounds", daemon=True
+            target=self._run, args=(plan.to_text(),), name="spark-rounds", daemon=True
         )
         self._thread.start()
         return True
@@ -188,13 +189,13 @@ class RoundsJob:
         self._moved(_RELEASE, read_epoch, write_epoch, self.token)
         self.released = then
 
-    def next_epochs(self, barrier: dict[str, Any]) -> tuple[int, int]:
+    def next_epochs(self, barrier: BarrierMessage) -> tuple[int, int]:
         """The (read, write) epochs the runners are at once they handled ``barrier``, as
         their executors will make them: an arrangement backfill reads at the epoch the
         barrier closes, the others at their fixed snapshot."""
         kinds = {r.kind for r in self.runners}
-        read = barrier["prev"] if kinds == {"arrangement"} else self._epochs()[0]
-        return read, barrier["curr"]
+        read = barrier.prev if kinds == {"arrangement"} else self._epochs()[0]
+        return read, barrier.curr
 
     def release(self) -> None:
         """Let the tasks go on at the runners' open epoch (once all of them opened it),

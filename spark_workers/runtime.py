@@ -19,7 +19,8 @@ from typing import Any
 import httpx
 import psycopg2
 
-from backfill_core.protocol import SUPERSEDED, Assignment, ErrorCode
+from backfill_core.executors.messages import BarrierKind
+from backfill_core.protocol import SUPERSEDED, Assignment, CollectRequest, ErrorCode
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.rounds import RoundsJob, rounds_eligible
@@ -62,19 +63,19 @@ class Worker:
 
     def _register(self) -> None:
         reg = self.client.register(self.name, self.capacity)
-        self.lease_ms = int(reg["lease_ms"])
+        self.lease_ms = reg.lease_ms
         self._end_rounds(account=False)
         if self.conn is not None:
             self.conn.close()
-        self.conn = psycopg2.connect(reg["database_url"], options=WORKER_DATA_OPTIONS)
+        self.conn = psycopg2.connect(reg.database_url, options=WORKER_DATA_OPTIONS)
         self.runners.clear()
         if self.settings.spark_mode != "never":
-            if self.spark is not None and self.spark.dsn != reg["database_url"]:
+            if self.spark is not None and self.spark.dsn != reg.database_url:
                 self.spark.stop()
                 self.spark = None
             if self.spark is None:
                 self.spark = SparkPath(
-                    self.settings.spark_master, reg["database_url"], pushdown=self.settings.pushdown
+                    self.settings.spark_master, reg.database_url, pushdown=self.settings.pushdown
                 )
         log.info("registered as worker %s", self.client.worker_id)
 
@@ -203,13 +204,13 @@ class Worker:
                 # recovery's initial barrier; the other graphs' collects still count)
                 gone = e.actor_id if e.code is ErrorCode.ACTOR_NOT_ASSIGNED else None
                 if gone is not None and self._forget_if_dropped([gone]):
-                    collects = [c for c in collects if c["actor_id"] != gone]
+                    collects = [c for c in collects if c.actor_id != gone]
                     continue
                 graph_id = self._stale_collect(e)
                 if graph_id is None:
                     raise
                 self._superseded(graph_id, str(e))
-                collects = [c for c in collects if c["actor_id"] in self.runners]
+                collects = [c for c in collects if c.actor_id in self.runners]
         self._read_until_next_barrier()
 
     # a Spark job spanning epochs --------------------------------------------
@@ -225,14 +226,14 @@ class Worker:
         barriers = [b for a in mine for b in a.barriers]
         if (
             len(mine) < len(ids)
-            or any(b["kind"] == "initial" for b in barriers)
+            or any(b.kind is BarrierKind.INITIAL for b in barriers)
             or any(self.runners.get(r.actor_id) is not r for r in job.runners)
         ):
             # a recovery rolls its rounds back; actors no longer here were dropped with
             # their job (or stopped: a mutation ended the job before)
             self._end_rounds(account=False)
             return
-        changed = any(b["mutation"] for b in barriers)
+        changed = any(b.mutation for b in barriers)
         if changed or not job.running:
             self._end_rounds(account=True)
             if not changed:
@@ -247,9 +248,7 @@ class Worker:
             # are released at once; otherwise once they opened them (``RoundsJob.release``)
             lasts = [a.barriers[-1] if a.barriers else None for a in mine]
             first = lasts[0]
-            same = first is not None and all(
-                b is not None and b["curr"] == first["curr"] for b in lasts
-            )
+            same = first is not None and all(b is not None and b.curr == first.curr for b in lasts)
             job.close(job.next_epochs(first) if first is not None and same else None)
             job.account(self.conn)
 
@@ -345,7 +344,7 @@ class Worker:
         self.conn.rollback()
         return next((g for g, seq in incarnations if now.get(g) != seq), None)
 
-    def _barriers(self, assignments: list[Assignment]) -> list[dict[str, Any]]:
+    def _barriers(self, assignments: list[Assignment]) -> list[CollectRequest]:
         live = {a.actor_id for a in assignments}
         for actor_id in list(self.runners):
             if actor_id not in live:
@@ -354,13 +353,9 @@ class Worker:
         for a in assignments:
             barriers = a.barriers
             runner = self.runners.get(a.actor_id)
-            restart = barriers and (barriers[0]["kind"] == "initial" or a.restore is not None)
-            if (
-                runner is not None
-                and barriers
-                and barriers[0]["kind"] != "initial"
-                and runner.graph_id != a.graph_id
-            ):
+            initial = bool(barriers) and barriers[0].kind is BarrierKind.INITIAL
+            restart = initial or (bool(barriers) and a.restore is not None)
+            if runner is not None and barriers and not initial and runner.graph_id != a.graph_id:
                 # a snapshot backfill merged into the main graph: its executor goes on
                 runner.rebind(a.graph_id, a.recovery_seq)
                 restart = False
@@ -384,7 +379,7 @@ class Worker:
             except Exception:
                 if not self._forget_if_dropped([a.actor_id]):
                     raise
-                collects = [c for c in collects if c["actor_id"] != a.actor_id]
+                collects = [c for c in collects if c.actor_id != a.actor_id]
         return collects
 
     def _spark_runners(self) -> list[ActorRunner | SourceRunner]:

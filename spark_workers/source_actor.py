@@ -9,6 +9,7 @@ Everything visible in ``e`` is written at ``e``.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Mapping
 from typing import Any
 
 from backfill_core.changes import Version
@@ -19,11 +20,18 @@ from backfill_core.executors.source import (
     SplitState,
     split_key,
 )
-from backfill_core.protocol import Assignment, RestoreState, SplitRestore
+from backfill_core.protocol import (
+    Assignment,
+    BarrierMessage,
+    CollectProgress,
+    CollectRequest,
+    RestoreState,
+    SplitRestore,
+)
 from backfill_core.schema import TableSchema
 from backfill_core.view import View
 from connectors.kafka import KafkaClient, KafkaSpec, Message, backfill_stop, parse_row
-from spark_workers.actors import barrier_of, fence
+from spark_workers.actors import fence
 from state_store.versioned import VersionedTable
 
 # the job's splits are all finished in committed progress (the seed's check that lets
@@ -110,7 +118,7 @@ class SourceRunner:
 
     # epochs -----------------------------------------------------------------
 
-    def _backfill_info(self, source_ranges: dict[str, list[int]]) -> dict[str, int | None]:
+    def _backfill_info(self, source_ranges: Mapping[str, tuple[int, int]]) -> dict[str, int | None]:
         """split -> the last offset to backfill (None: nothing to backfill).
 
         Unlike the seed, a split that has backfilled up to the end keeps its target
@@ -140,12 +148,12 @@ class SourceRunner:
                 info[split] = latest
         return info
 
-    def prefetch(self, messages: list[dict[str, Any]]) -> None:
+    def prefetch(self, messages: list[BarrierMessage]) -> None:
         """Read the upstream rows of several barriers in one go (a worker that fell
         behind gets many at once; one read per barrier would keep it behind)."""
         union: dict[str, tuple[int, int]] = {}
         for m in messages:
-            for split, (start, end) in (m.get("source_ranges") or {}).items():
+            for split, (start, end) in (m.source_ranges or {}).items():
                 if end > start:
                     lo, hi = union.get(split, (start, end))
                     union[split] = (min(lo, start), max(hi, end))
@@ -163,7 +171,7 @@ class SourceRunner:
         for split, (lo, hi) in missing.items():
             self._buffer[split] = (lo, hi, got[int(split)])
 
-    def _upstream(self, ranges: dict[str, list[int]], splits: list[str]) -> list[Message]:
+    def _upstream(self, ranges: Mapping[str, tuple[int, int]], splits: list[str]) -> list[Message]:
         want = {s: (ranges[s][0], ranges[s][1]) for s in splits if s in ranges}
         want = {s: r for s, r in want.items() if r[1] > r[0]}
         self._fill(want)
@@ -174,11 +182,12 @@ class SourceRunner:
             out += msgs[lo : bisect_left(msgs, end, lo, key=_offset)]
         return out
 
-    def on_barrier(self, conn: Any, message: dict[str, Any]) -> dict[str, Any]:
-        barrier = barrier_of(message)
+    def on_barrier(self, conn: Any, message: BarrierMessage) -> CollectRequest:
+        barrier = message.barrier
+        ranges = message.source_ranges or {}
         ex = self.executor
         if not ex.started:
-            ex.on_backfill_info(self._backfill_info(message.get("source_ranges") or {}))
+            ex.on_backfill_info(self._backfill_info(ranges))
         owned = list(ex.progress)
         change = barrier.mutation.splits if barrier.mutation is not None else None
         new_owned = list(change[self.actor_id]) if change and self.actor_id in change else owned
@@ -189,12 +198,7 @@ class SourceRunner:
                 cur.execute(_COMMITTED, {"job": self.job_id, "splits": added})
                 for split, state, offset, consumed, target in cur.fetchall():
                     committed[split] = _progress(
-                        {
-                            "state": state,
-                            "offset": offset,
-                            "num_consumed_rows": consumed,
-                            "target_offset": target,
-                        }
+                        SplitRestore(split, state, offset, consumed, target)
                     )
             others_finished = False
             if ex.phase.value == "backfilling" and all(
@@ -202,7 +206,6 @@ class SourceRunner:
             ):
                 cur.execute(_ALL_FINISHED, {"job": self.job_id})
                 others_finished = bool(cur.fetchone()[0])
-            ranges = message.get("source_ranges") or {}
             upstream = self._upstream(ranges, new_owned)
             out = ex.on_barrier(
                 barrier,
@@ -219,15 +222,15 @@ class SourceRunner:
             rows = [parse_row(self.schema, upstream[i]) for i in out.emit]
             self.mv.write(cur, out.write_epoch, [Version(r) for r in self.view.rows(rows)])
         conn.commit()
-        return {
-            "actor_id": self.actor_id,
-            "recovery_seq": self.recovery_seq,
-            "prev_epoch": barrier.epoch.prev,
-            "curr_epoch": barrier.epoch.curr,
-            "progress": out.progress,
-            "rows": out.rows,
-            "finished": out.finished,
-        }
+        return CollectRequest(
+            self.actor_id,
+            self.recovery_seq,
+            barrier.epoch.prev,
+            barrier.epoch.curr,
+            CollectProgress.from_json(out.progress),
+            out.rows,
+            out.finished,
+        )
 
     def with_high_watermarks(self, reads: list[OffsetRead]) -> list[tuple[OffsetRead, int]]:
         """Each read with its split's high watermark now (where a backfill read stops)."""

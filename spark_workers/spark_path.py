@@ -32,6 +32,15 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from backfill_core.executors.messages import SnapshotBatchRead, SnapshotRead
+from backfill_core.protocol import (
+    GroupStart,
+    KafkaPlan,
+    KafkaRange,
+    MvWrite,
+    ReadGroup,
+    TablePlan,
+    VnodeRead,
+)
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
 from state_store.options import WORKER_DATA_OPTIONS
 
@@ -81,24 +90,15 @@ class SparkPath:
         spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
         schema = TableSchema.build([Column("k", ColumnType.BIGINT, False)], ["k"])
         n = max(1, int(spark.sparkContext.defaultParallelism))
-        plan = json.dumps(
-            {
-                "dsn": self.dsn,
-                "upstream_table": "_warm_up",
-                "upstream_schema": schema.to_json(),
-                "mv_table": "_warm_up",
-                "mv_schema": schema.to_json(),
-                "columns": ["k"],
-                "filter": None,
-                "graph_id": 0,
-                "recovery_seq": 0,
-                "read_epoch": 0,
-                "write_epoch": 0,
-                "partitions": [[] for _ in range(n)],
-                "groups": [],
-                "queue": "warm-up",
-            }
-        )
+        plan = TablePlan(
+            MvWrite(self.dsn, "_warm_up", schema, ["k"], None, 0, 0, 0),
+            "_warm_up",
+            schema,
+            0,
+            [[] for _ in range(n)],
+            [],
+            "warm-up",
+        ).to_text()
         with tempfile.TemporaryDirectory() as tmp:
             df = spark.read.format("backfill_store").option("plan", plan).load()
             df.write.format("backfill_store").option("plan", plan).option(
@@ -152,18 +152,15 @@ class SparkPath:
             return 0
         first = runners[0]
         spark, n_parts = self.active_session(len(reads))
-        parts: list[list[Any]] = [[] for _ in range(n_parts)]
+        parts: list[list[KafkaRange]] = [[] for _ in range(n_parts)]
         for i, (_, read, high) in enumerate(reads):
             parts[i * n_parts // len(reads)].append(
-                [i, int(read.split), read.start, high, read.limit, read.target]
+                KafkaRange(i, int(read.split), read.start, high, read.limit, read.target)
             )
-        plan = self.plan_of(first, parts) | {
-            "kafka": first.spec.to_json(),
-            "upstream_schema": first.schema.to_json(),
-        }
+        plan = KafkaPlan(self.mv_write(first), first.spec.to_json(), first.schema, parts)
         got = {
             row["read"]: row
-            for row in spark.read.format(FORMAT).option("plan", json.dumps(plan)).load().collect()
+            for row in spark.read.format(FORMAT).option("plan", plan.to_text()).load().collect()
         }
         self.jobs += 1
         self.source_jobs += 1
@@ -183,20 +180,19 @@ class SparkPath:
             total += s["rows_read"]
         return total
 
-    def plan_of(self, first: ActorRunner | SourceRunner, parts: list[list[Any]]) -> dict[str, Any]:
+    def mv_write(self, first: ActorRunner | SourceRunner) -> MvWrite:
         """What every Spark job's plan holds: where and how to write the view (the rows'
         job is ``first``'s; one Spark job serves one job's actors at one open epoch)."""
-        return {
-            "dsn": self.dsn,
-            "mv_table": first.mv.name,
-            "mv_schema": first.mv.schema.to_json(),
-            "columns": first.job_columns,
-            "filter": first.job_filter,
-            "graph_id": first.graph_id,
-            "recovery_seq": first.recovery_seq,
-            "write_epoch": first.executor.open_epoch,
-            "partitions": parts,
-        }
+        return MvWrite(
+            self.dsn,
+            first.mv.name,
+            first.mv.schema,
+            first.job_columns,
+            first.job_filter,
+            first.graph_id,
+            first.recovery_seq,
+            first.executor.open_epoch,
+        )
 
     def active_session(self, reads: int | None = None) -> tuple[Any, int]:
         """The session, active in this thread, and how many Spark partitions ``reads`` get
@@ -221,17 +217,15 @@ class SparkPath:
             return 0
         spark, n_parts = self.active_session(len(reads))
         # contiguous groups of vnodes, as even as the rows allow
-        parts: list[list[Any]] = [[] for _ in range(n_parts)]
+        parts: list[list[VnodeRead]] = [[] for _ in range(n_parts)]
         for i, (r, read) in enumerate(reads):
             parts[i * n_parts // len(reads)].append(
-                [read.vnode, key_to_json(r, read.after), read.limit]
+                VnodeRead(read.vnode, key_to_json(r, read.after), read.limit)
             )
-        plan = self.plan_of(first, parts) | {
-            "upstream_table": first.upstream.name,
-            "upstream_schema": first.upstream.schema.to_json(),
-            "read_epoch": read_epoch,
-        }
-        got = self._moved_through_spark(spark, json.dumps(plan))
+        plan = TablePlan(
+            self.mv_write(first), first.upstream.name, first.upstream.schema, read_epoch, parts
+        )
+        got = self._moved_through_spark(spark, plan.to_text())
         self.jobs += 1
         total = 0
         for r, read in reads:
@@ -266,7 +260,7 @@ class SparkPath:
         plan = self.pushdown_plan(batches, queue, read_epoch)
         self.queue_statement("INSERT INTO work_queues (token) VALUES (%s)", queue)
         try:
-            got = self._pushed_down(spark, json.dumps(plan), min(len(batches), cores))
+            got = self._pushed_down(spark, plan.to_text(), min(len(batches), cores))
         finally:
             try:
                 self.queue_statement(DELETE_QUEUE, queue)
@@ -283,20 +277,29 @@ class SparkPath:
         return total
 
     def pushdown_plan(
-        self, batches: Sequence[tuple[ActorRunner, SnapshotBatchRead]], queue: str, read_epoch: int
-    ) -> dict[str, Any]:
+        self,
+        batches: Sequence[tuple[ActorRunner, SnapshotBatchRead]],
+        queue: str,
+        read_epoch: int,
+        *,
+        rounds: bool = False,
+    ) -> TablePlan:
         """The plan of a pushed-down job: ``batches`` as its groups (in order), taken from
-        work queue ``queue``, reading the snapshot at ``read_epoch``."""
+        work queue ``queue``, reading the snapshot at ``read_epoch`` (``rounds``: as a job
+        spanning epochs, ``spark_workers.rounds``)."""
         first = batches[0][0]
-        return self.plan_of(first, []) | {
-            "upstream_table": first.upstream.name,
-            "upstream_schema": first.upstream.schema.to_json(),
-            "read_epoch": read_epoch,
-            "groups": [
-                [b.limit, [[v, key_to_json(r, a)] for v, a in b.starts]] for r, b in batches
+        return TablePlan(
+            self.mv_write(first),
+            first.upstream.name,
+            first.upstream.schema,
+            read_epoch,
+            groups=[
+                ReadGroup(b.limit, [GroupStart(v, key_to_json(r, a)) for v, a in b.starts])
+                for r, b in batches
             ],
-            "queue": queue,
-        }
+            queue=queue,
+            rounds=rounds,
+        )
 
     @staticmethod
     def _pushed_down(spark: Any, plan: str, n_tasks: int) -> dict[int, dict[int, tuple[int, Any]]]:

@@ -1,18 +1,27 @@
-"""/v1/workers: the protocol between the control plane and the workers."""
+"""/v1/workers: the protocol between the control plane and the workers.
+
+The pydantic models here are the HTTP edge only: they bound and document the requests,
+which are decoded into the protocol's own types (``backfill_core.protocol``) once, here
+(``_decoded``); the meta takes and gives those, and the answers are their ``to_json``.
+``EDGE_MODELS`` pairs each model with its type (a unit test keeps their fields the same).
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, Field
 
+from backfill_core import protocol
 from backfill_core.protocol import ErrorCode
 from service.api.bodies import RawBody, parse_body, raw_body_openapi
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES, ErrorResponse
 from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.context import ServiceContext
+from service.db import json_text
 from service.meta import creating, workers
 
 
@@ -130,6 +139,55 @@ class FailureReport(RequestBody):
     message: str = Field(max_length=10_000)
 
 
+# each edge model and the protocol's type it is decoded into (or encoded from)
+EDGE_MODELS: dict[type[BaseModel], type] = {
+    RegisterRequest: protocol.RegisterRequest,
+    Registration: protocol.Registration,
+    BarrierMessage: protocol.BarrierMessage,
+    ActorAssignment: protocol.Assignment,
+    PollResponse: protocol.PollAnswer,
+    CollectRequest: protocol.CollectRequest,
+    CollectResponse: protocol.CollectAnswer,
+    CollectBatch: protocol.CollectBatch,
+    CollectBatchResponse: protocol.CollectBatchAnswer,
+    FailureReport: protocol.FailureReport,
+}
+
+
+def _decoded(item: CollectRequest, loc: tuple[str | int, ...]) -> protocol.CollectRequest:
+    """A collect in the protocol's type: its progress, free-form JSON to the edge model,
+    decoded (a 422 when it is not the protocol's)."""
+    try:
+        progress = (
+            None if item.progress is None else protocol.CollectProgress.from_json(item.progress)
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "value_error",
+                    "loc": ("body", *loc, "progress"),
+                    "msg": f"not an actor's progress: {type(e).__name__} {e}",
+                    "input": None,
+                }
+            ]
+        ) from None
+    return protocol.CollectRequest(
+        item.actor_id,
+        item.recovery_seq,
+        item.prev_epoch,
+        item.curr_epoch,
+        progress,
+        item.rows,
+        item.finished,
+    )
+
+
+def _json(answer: Any, status_code: int = 200) -> Response:
+    """A protocol type's JSON as the answer (pydantic's encoder, in Rust)."""
+    return Response(json_text(answer.to_json()), status_code, media_type="application/json")
+
+
 @router.post(
     "",
     status_code=201,
@@ -137,11 +195,10 @@ class FailureReport(RequestBody):
     operation_id="registerWorker",
     openapi_extra=INTERNAL,
 )
-def register(body: RegisterRequest, ctx: Ctx) -> Registration:
-    w = workers.register(ctx.db, body.name, body.capacity, ctx.settings.worker_lease_ms)
-    return Registration(
-        worker_id=w.id, lease_ms=ctx.settings.worker_lease_ms, database_url=ctx.db.libpq_url
-    )
+def register(body: RegisterRequest, ctx: Ctx) -> Response:
+    request = protocol.RegisterRequest(body.name, body.capacity)
+    w = workers.register(ctx.db, request.name, request.capacity, ctx.settings.worker_lease_ms)
+    return _json(protocol.Registration(w.id, ctx.settings.worker_lease_ms, ctx.db.libpq_url), 201)
 
 
 @router.post(
@@ -189,22 +246,9 @@ def poll(
     if barrier_wanted:
         ctx.signal.request_barrier()
     r = workers.poll(ctx.db, worker_id, ctx.settings.worker_lease_ms, timeout_ms, signal=ctx.signal)
-    # built from the catalog's own rows, so not validated (twice: here and against the
-    # response model): an answer carries every actor's job, ten times a second
-    body = PollResponse.model_construct(
-        worker_id=r.worker_id,
-        lease_ms=r.lease_ms,
-        assignments=[
-            ActorAssignment.model_construct(
-                **(
-                    a.to_json()
-                    | {"barriers": [BarrierMessage.model_construct(**b) for b in a.barriers]}
-                )
-            )
-            for a in r.assignments
-        ],
-    )
-    return Response(body.model_dump_json(), media_type="application/json")
+    # built from the catalog's own rows, so not validated against the response model: an
+    # answer carries every actor's job (its JSON built once per job), ten times a second
+    return _json(r)
 
 
 @router.post(
@@ -213,9 +257,9 @@ def poll(
     openapi_extra=raw_body_openapi(CollectRequest) | INTERNAL,
     operation_id="collectBarrier",
 )
-def collect(worker_id: int, raw: RawBody, ctx: Ctx) -> CollectResponse:
-    [r] = _collect(ctx, worker_id, [parse_body(CollectRequest, raw)])
-    return r
+def collect(worker_id: int, raw: RawBody, ctx: Ctx) -> Response:
+    [r] = _collect(ctx, worker_id, [_decoded(parse_body(CollectRequest, raw), ())])
+    return _json(r)
 
 
 @router.post(
@@ -224,36 +268,28 @@ def collect(worker_id: int, raw: RawBody, ctx: Ctx) -> CollectResponse:
     openapi_extra=raw_body_openapi(CollectBatch) | INTERNAL,
     operation_id="collectBarrierBatch",
 )
-def collect_batch(worker_id: int, raw: RawBody, ctx: Ctx) -> CollectBatchResponse:
+def collect_batch(worker_id: int, raw: RawBody, ctx: Ctx) -> Response:
     """Several collects in one request and one transaction (all or nothing)."""
     body = parse_body(CollectBatch, raw)
-    return CollectBatchResponse(results=_collect(ctx, worker_id, body.collects))
+    batch = protocol.CollectBatch(
+        [_decoded(c, ("collects", i)) for i, c in enumerate(body.collects)]
+    )
+    return _json(protocol.CollectBatchAnswer(_collect(ctx, worker_id, batch.collects)))
 
 
 def _collect(
-    ctx: ServiceContext, worker_id: int, items: list[CollectRequest]
-) -> list[CollectResponse]:
-    results = workers.collect(
-        ctx.db,
-        worker_id,
-        [
-            workers.CollectItem(
-                i.actor_id,
-                i.recovery_seq,
-                i.prev_epoch,
-                i.curr_epoch,
-                i.progress,
-                i.rows,
-                i.finished,
-            )
-            for i in items
-        ],
-    )
+    ctx: ServiceContext, worker_id: int, items: list[protocol.CollectRequest]
+) -> list[protocol.CollectAnswer]:
+    results = workers.collect(ctx.db, worker_id, items)
     ctx.signal.notify()  # a commit may release barriers to downstream actors
-    wanted = frozenset().union(*(creating.rounds_wanted(i.progress) for i in items))
+    wanted = frozenset().union(
+        *(creating.rounds_wanted(dict(i.progress.report)) for i in items if i.progress)
+    )
     if wanted:
         ctx.signal.request_barrier(wanted)
-    return [CollectResponse(status=r.status, committed_epoch=r.committed_epoch) for r in results]  # type: ignore[arg-type]
+    return [
+        protocol.CollectAnswer(protocol.CollectStatus(r.status), r.committed_epoch) for r in results
+    ]
 
 
 @router.post(
@@ -264,5 +300,6 @@ def _collect(
     openapi_extra=INTERNAL,
 )
 def report_failure(worker_id: int, body: FailureReport, ctx: Ctx) -> Response:
-    workers.report_failure(ctx.db, worker_id, body.actor_id, body.message)
+    report = protocol.FailureReport(body.message, body.actor_id)
+    workers.report_failure(ctx.db, worker_id, report.actor_id, report.message)
     return Response(status_code=202)

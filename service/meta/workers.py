@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import (
     Assignment,
+    BarrierMessage,
+    CollectRequest,
     ErrorCode,
     JobSpec,
+    PollAnswer,
     RestoreState,
     SourceRef,
     SplitRestore,
@@ -37,17 +41,6 @@ from service.meta.signal import BarrierSignal
 from service.meta.sources import epoch_ranges
 
 RECHECK_S = 0.05
-
-
-@dataclass
-class PollResult:
-    worker_id: int
-    lease_ms: int
-    assignments: list[Assignment] = field(default_factory=list)
-
-    @property
-    def has_barriers(self) -> bool:
-        return any(a.barriers for a in self.assignments)
 
 
 def _lease(lease_ms: int) -> dt.datetime:
@@ -209,15 +202,12 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
     actors = s.execute(_ACTORS_OF, {"w": worker_id}).all()
     if not actors:
         return out
-    by_actor: dict[int, list[Any]] = {}
+    by_actor: dict[int, list[BarrierMessage]] = {}
     ready_rows = s.execute(_READY_BARRIERS, {"w": worker_id}).all()
     for actor_id, prev, curr, kind, mutation, upstream_epoch in ready_rows:
         lst = by_actor.setdefault(actor_id, [])
         if len(lst) < max_barriers:
-            b = {"prev": prev, "curr": curr, "kind": kind, "mutation": mutation}
-            if upstream_epoch is not None:
-                b["upstream_epoch"] = upstream_epoch
-            lst.append(b)
+            lst.append(BarrierMessage(prev, curr, BarrierKind(kind), mutation, upstream_epoch))
     src_ids = {r.upstream_source_id for r in actors if r.upstream_source_id}
     srcs = (
         {x.id: x for x in s.execute(select(Source).where(Source.id.in_(src_ids))).scalars()}
@@ -232,12 +222,12 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
         if actor.last_epoch is not None and not barriers:
             continue  # stopped and done
         upstream = upstreams[actor.job_id]
-        ready = []
+        ready: list[BarrierMessage] = []
         for b in barriers:
             if upstream:
                 done = s.execute(
                     select(func.count()).where(
-                        BarrierCollect.curr_epoch == b["curr"],
+                        BarrierCollect.curr_epoch == b.curr,
                         BarrierCollect.actor_id.in_(upstream),
                     )
                 ).scalar_one()
@@ -245,11 +235,13 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
                     break
             ready.append(b)
         restore = None
-        if ready and (ready[0]["kind"] == "initial" or _added_by(ready[0], actor)):
+        if ready and (ready[0].kind is BarrierKind.INITIAL or _added_by(ready[0], actor)):
             restore = _restore(s, actor)
         if actor.upstream_source_id is not None:
-            for b in ready:
-                b["source_ranges"] = _source_ranges(s, actor.upstream_source_id, b, ranges)
+            ready = [
+                replace(b, source_ranges=_source_ranges(s, actor.upstream_source_id, b, ranges))
+                for b in ready
+            ]
         if actor.job_id not in specs:
             specs[actor.job_id] = _job_spec(actor, srcs)
         out.append(
@@ -268,25 +260,24 @@ def _pending(s: Session, worker_id: int, max_barriers: int) -> list[Assignment]:
     return out
 
 
-def _added_by(barrier: dict[str, Any], actor: Any) -> bool:
+def _added_by(barrier: BarrierMessage, actor: Any) -> bool:
     """Whether ``barrier`` starts ``actor`` (a rescale adds it). An actor of a snapshot
     backfill merged into the main graph also starts at a barrier, but keeps its state."""
-    adds = (barrier["mutation"] or {}).get("add") or []
-    return barrier["curr"] == actor.first_epoch and actor.id in adds
+    return barrier.curr == actor.first_epoch and barrier.adds(actor.id)
 
 
 def _source_ranges(
     s: Session,
     source_id: int,
-    barrier: dict[str, Any],
+    barrier: BarrierMessage,
     cache: dict[tuple[int, int, int], dict[str, tuple[int, int]]],
-) -> dict[str, list[int]]:
+) -> dict[str, tuple[int, int]]:
     """split -> [start, end) of the source's rows in the epoch the barrier opens."""
-    key = (source_id, barrier["prev"], barrier["curr"])
+    key = (source_id, barrier.prev, barrier.curr)
     if key not in cache:
         src = s.get(Source, source_id)
         cache[key] = {} if src is None else epoch_ranges(s, src, *key[1:])
-    return {split: list(r) for split, r in cache[key].items()}
+    return cache[key]
 
 
 def _restore(s: Session, actor: Any) -> RestoreState:
@@ -327,7 +318,7 @@ def poll(
     *,
     max_barriers: int = 100,
     signal: BarrierSignal | None = None,
-) -> PollResult:
+) -> PollAnswer:
     """Long poll: return as soon as a barrier is ready for one of the worker's actors."""
     deadline = time.monotonic() + timeout_ms / 1000
     with db.transaction() as s:
@@ -339,7 +330,7 @@ def poll(
             # waiting costs one small query a round; the assignments only when answering
             answer = left <= 0 or s.execute(_ANY_READY, {"w": worker_id}).first() is not None
             result = (
-                PollResult(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
+                PollAnswer(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
                 if answer
                 else None
             )
@@ -376,19 +367,8 @@ _INSERT_COLLECTS = text(
 )
 
 
-@dataclass(frozen=True)
-class CollectItem:
-    actor_id: int
-    recovery_seq: int
-    prev_epoch: int
-    curr_epoch: int
-    progress: dict[str, Any] | None = None
-    rows: int = 0
-    finished: bool = False
-
-
 def _earlier_collects(
-    s: Session, items: list[CollectItem], inserted: set[tuple[int, int]]
+    s: Session, items: list[CollectRequest], inserted: set[tuple[int, int]]
 ) -> dict[tuple[int, int], int]:
     """``prev_epoch`` of the collects already recorded for the items not inserted now."""
     rest = {(i.actor_id, i.curr_epoch) for i in items} - inserted
@@ -419,7 +399,7 @@ def _dropped_actor(db: Database, e: IntegrityError, actor_ids: list[int]) -> int
     return gone[0] if gone else None
 
 
-def _same_incarnation(item: CollectItem, graph: Graph) -> None:
+def _same_incarnation(item: CollectRequest, graph: Graph) -> None:
     """Refuse a collect of an earlier incarnation of the graph. A recovery may inject
     the very epochs it forgot again (a creating graph restarts at the epoch after its
     committed one, fake or replayed), so a collect delayed past it (a worker retrying
@@ -440,7 +420,7 @@ def _same_incarnation(item: CollectItem, graph: Graph) -> None:
 
 
 @retry_deadlocks
-def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[CollectResult]:
+def collect(db: Database, worker_id: int, items: list[CollectRequest]) -> list[CollectResult]:
     """Record that actors finished an epoch's work; commits when a graph is complete.
 
     Idempotent per (actor, epoch): a repeated collect changes nothing. A collect for an
@@ -481,7 +461,7 @@ def collect(db: Database, worker_id: int, items: list[CollectItem]) -> list[Coll
                 "prev": item.prev_epoch,
                 "curr": item.curr_epoch,
                 "first": found[item.actor_id].first_epoch,
-                "progress": item.progress,
+                "progress": None if item.progress is None else item.progress.to_json(),
                 "rows": item.rows,
                 "finished": item.finished,
             }

@@ -216,7 +216,7 @@ def test_the_worker_client_sends_its_token(db: Database, fresh_db_url: str) -> N
             assert e.value.status == status
             client.close()
         client = ControlPlaneClient(url, token=TOKENS["worker"])
-        assert client.register("w", 1)["worker_id"] == client.worker_id
+        assert client.register("w", 1).worker_id == client.worker_id
         client.heartbeat()
         client.close()
 

@@ -14,7 +14,7 @@ from sqlalchemy import text, update
 from backfill_core.changes import Version
 from backfill_core.executors.flow import apply_flow_mutation
 from backfill_core.executors.messages import Mutation
-from backfill_core.protocol import ErrorCode
+from backfill_core.protocol import CollectRequest, ErrorCode
 from service.api.app import create_app
 from service.catalog import tables
 from service.catalog.models import Worker
@@ -330,7 +330,7 @@ def test_a_collect_racing_the_deletion_of_its_actor_is_a_409(
     loop.tick()
     [a] = w.poll()
     [b] = a["barriers"]
-    item = workers.CollectItem(a["actor_id"], a["recovery_seq"], b["prev"], b["curr"])
+    item = CollectRequest(a["actor_id"], a["recovery_seq"], b["prev"], b["curr"])
     outcome: list[object] = []
 
     def run() -> None:

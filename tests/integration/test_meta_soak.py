@@ -8,6 +8,7 @@ import psutil
 import pytest
 from sqlalchemy import text
 
+from backfill_core.protocol import CollectProgress, CollectRequest
 from service.db import Database
 from service.meta import workers
 from service.meta.loop import MetaLoop
@@ -29,8 +30,13 @@ def _round(db: Database, loop: MetaLoop, worker_id: int) -> int:
                     {"vnode": lo, "state": "in_progress", "row_count": n} for lo, _ in a.vnodes
                 ]
             }
-            item = workers.CollectItem(
-                a.actor_id, a.recovery_seq, b["prev"], b["curr"], progress=progress, rows=1
+            item = CollectRequest(
+                a.actor_id,
+                a.recovery_seq,
+                b.prev,
+                b.curr,
+                progress=CollectProgress.from_json(progress),
+                rows=1,
             )
             workers.collect(db, worker_id, [item])
             n += 1

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from backfill_core.protocol import ErrorCode
+from backfill_core.protocol import CollectRequest, ErrorCode
 from service.db import Database
 from service.meta.loop import MetaLoop
 from service.settings import Settings
@@ -66,14 +66,12 @@ def test_a_retried_collect_is_applied_once(db: Database, fresh_db_url: str) -> N
         loop.tick()
         [a] = client.poll(timeout_ms=0).assignments
         [b] = a.barriers
-        result = client.collect(
-            a.actor_id, b["prev"], b["curr"], recovery_seq=a.recovery_seq, rows=5
-        )
+        result = client.collect(a.actor_id, b.prev, b.curr, recovery_seq=a.recovery_seq, rows=5)
         assert lossy.dropped == 1
-        assert result["status"] == "duplicate"  # the first attempt was applied
+        assert result.status == "duplicate"  # the first attempt was applied
         with db.engine.connect() as conn:
             assert conn.execute(text("SELECT count(*) FROM barrier_collects")).scalar() == 1
-        assert committed_epoch(db) == b["prev"]
+        assert committed_epoch(db) == b.prev
         client.close()
 
 
@@ -107,7 +105,7 @@ def test_long_poll_returns_when_a_barrier_arrives(db: Database, fresh_db_url: st
         for _ in range(20):
             for a in client.poll(timeout_ms=5000).assignments:
                 for b in a.barriers:
-                    client.collect(a.actor_id, b["prev"], b["curr"], recovery_seq=a.recovery_seq)
+                    client.collect(a.actor_id, b.prev, b.curr, recovery_seq=a.recovery_seq)
                     seen += 1
             if seen >= 10:
                 break
@@ -144,13 +142,13 @@ def test_each_error_code_reaches_the_worker_as_its_typed_error(
             return other
 
         def stale_collect() -> object:
-            return client.collect(actor, b["prev"], b["curr"], recovery_seq=seq + 1)
+            return client.collect(actor, b.prev, b.curr, recovery_seq=seq + 1)
 
         def stale_barrier() -> object:
-            return client.collect(actor, b["prev"], b["curr"] + 1, recovery_seq=seq)
+            return client.collect(actor, b.prev, b.curr + 1, recovery_seq=seq)
 
         def not_assigned() -> object:
-            return client.collect(actor + 1000, b["prev"], b["curr"], recovery_seq=seq)
+            return client.collect(actor + 1000, b.prev, b.curr, recovery_seq=seq)
 
         def unknown_worker() -> object:
             return as_worker(424242).heartbeat()
@@ -177,6 +175,7 @@ def test_each_error_code_reaches_the_worker_as_its_typed_error(
             assert error.actor_id == about, (code, error)
             assert isinstance(error, WorkerGone) == (code is ErrorCode.WORKER_GONE), code
         # a refusal outside the protocol's codes (a malformed body) decodes to no code
-        error = refused(lambda: client.collect_many([{"actor_id": "x"}]))
+        malformed = CollectRequest(-1, seq, b.prev, b.curr)  # no actor id is negative
+        error = refused(lambda: client.collect_many([malformed]))
         assert error.status == 422 and error.code is None
         client.close()

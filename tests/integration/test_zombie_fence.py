@@ -63,8 +63,9 @@ def test_an_actor_of_an_earlier_incarnation_writes_nothing(
 ) -> None:
     client, loop = manual
     w, a = _start(manual, db)
-    zombie = ActorRunner(Assignment.from_json(a), pushdown=False)
-    for b in a["barriers"]:  # the initial barrier, then one whose snapshot has the rows
+    assignment = Assignment.from_json(a)
+    zombie = ActorRunner(assignment, pushdown=False)
+    for b in assignment.barriers:  # the initial barrier, then one whose snapshot has the rows
         zombie.on_barrier(actor_conn, b)
     assert zombie.read_some(actor_conn, 5) == 5  # the live incarnation writes
     written = _mv_versions(db)
@@ -83,7 +84,7 @@ def test_an_actor_of_an_earlier_incarnation_writes_nothing(
         zombie.read_some(actor_conn, 5)
     actor_conn.rollback()
     with pytest.raises(Fenced):
-        zombie.on_barrier(actor_conn, fresh["barriers"][0])
+        zombie.on_barrier(actor_conn, Assignment.from_json(fresh).barriers[0])
     actor_conn.rollback()
     assert _mv_versions(db) == rolled_back
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import (
     Assignment,
+    BarrierMessage,
     ErrorBody,
     ErrorCode,
     JobSpec,
@@ -45,7 +47,7 @@ def test_an_assignment_round_trips_through_json() -> None:
         vnodes=[[0, 128]],
         splits=[],
         job=_job(),
-        barriers=[{"prev": 1, "curr": 2, "kind": "initial", "mutation": None}],
+        barriers=[BarrierMessage(1, 2, BarrierKind.INITIAL)],
         restore=RestoreState(vnodes=(VnodeRestore(5, "in_progress", [41], 40, 65536),)),
     )
     source = Assignment(

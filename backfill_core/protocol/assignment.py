@@ -1,79 +1,21 @@
-"""The worker protocol's contract shared by the control plane and the workers.
+"""The poll's answer: a worker's actors, each with its job, its barriers and the
+progress it restarts from (``docs/architecture.md#the-loop-and-the-protocol``).
 
-Errors are told apart by code: the control plane puts one of ``ErrorCode`` in an error
-body's ``code`` (``{"error": {"code", "message", "details"}}``), the worker's client
-decodes it once (``ErrorBody.from_json``) and the worker branches on the code. The
-message is for people and may change freely.
+Frozen dataclasses rather than pydantic: the core imports only the standard library
+(tests/unit/test_core_is_pure.py). The control plane validates requests with pydantic
+models at its edge (``service.api.workers``) and hands these types on; its answers are
+these types' ``to_json``, and the worker decodes them once (``spark_workers.client``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
-
-class ErrorCode(StrEnum):
-    """What a worker request can be refused for, beyond malformed input."""
-
-    # 409: a collect from an earlier incarnation of its graph (a recovery since)
-    STALE_COLLECT = "stale_collect"
-    # 409: a collect of a barrier that is not in flight for the actor (a recovery forgot it)
-    STALE_BARRIER = "stale_barrier"
-    # 409: a collect for an actor that is not this worker's (unknown, another worker's, or
-    # deleted meanwhile by a drop or a rescale); ``details.actor_id`` names it
-    ACTOR_NOT_ASSIGNED = "actor_not_assigned"
-    # 404: no worker of that id ever registered
-    UNKNOWN_WORKER = "unknown_worker"
-    # 410: the worker was declared dead (its lease expired) or stopped: register again
-    WORKER_GONE = "worker_gone"
-
-
-# Refusals that mean the actor's graph recovered past its collect: the actor waits for
-# the recovery's initial barrier (no failure of the worker: reporting one would only
-# recover the graph again)
-SUPERSEDED = frozenset({ErrorCode.STALE_COLLECT, ErrorCode.STALE_BARRIER})
-
-
-@dataclass(frozen=True)
-class ErrorBody:
-    """An error answer of the API, decoded."""
-
-    code: str
-    message: str
-    details: Any = None
-
-    @property
-    def protocol_code(self) -> ErrorCode | None:
-        """The protocol's code, or None for others (validation, internal, a proxy's page)."""
-        try:
-            return ErrorCode(self.code)
-        except ValueError:
-            return None
-
-    @property
-    def actor_id(self) -> int | None:
-        """The actor the error is about, when it names one."""
-        actor = self.details.get("actor_id") if isinstance(self.details, dict) else None
-        return actor if isinstance(actor, int) and not isinstance(actor, bool) else None
-
-    @classmethod
-    def from_json(cls, body: object) -> ErrorBody:
-        """Any answer's body: one not in the API's error format (a proxy's page, plain
-        text) has no code and its text as the message."""
-        error = body.get("error") if isinstance(body, dict) else None
-        if not isinstance(error, dict) or not isinstance(error.get("code"), str):
-            return cls("", body if isinstance(body, str) else repr(body))
-        return cls(error["code"], str(error.get("message", "")), error.get("details"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "details": self.details}}
-
-
-# The assignment of an actor, as the poll hands it out ----------------------------------
-# Frozen dataclasses rather than pydantic: the core imports only the standard library
-# (tests/unit/test_core_is_pure.py), and both sides already exchange this JSON (the
-# service serializes it with pydantic's encoder, the worker with httpx's json).
+from backfill_core.epoch import EpochPair
+from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
 
 
 @dataclass(frozen=True)
@@ -126,6 +68,12 @@ class JobSpec:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """Its JSON, built once: a poll answers with the job of each of its actors, and
+        the actors of a job share its spec (``service.meta.workers``). Not to be changed."""
+        return self._json
+
+    @cached_property
+    def _json(self) -> dict[str, Any]:
         src = self.source
         return {
             "id": self.id,
@@ -147,13 +95,14 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class VnodeRestore:
-    """A vnode's committed progress (table jobs)."""
+    """A vnode's progress (table jobs): reported by a collect, committed by the meta and
+    restored from with an initial barrier."""
 
     vnode: int
     state: str
-    current_pos: list[Any] | None  # the last primary key read, as JSON values
-    row_count: int
-    epoch: int | None
+    current_pos: list[Any] | None = None  # the last primary key read, as JSON values
+    row_count: int = 0
+    epoch: int | None = None  # snapshot backfill: the epoch it is consumed at
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> VnodeRestore:
@@ -178,13 +127,14 @@ class VnodeRestore:
 
 @dataclass(frozen=True)
 class SplitRestore:
-    """A split's committed progress (source jobs)."""
+    """A split's progress (source jobs): reported by a collect, committed by the meta
+    and restored from with an initial barrier."""
 
     split: str
     state: str
-    offset: int | None
-    num_consumed_rows: int
-    target_offset: int | None
+    offset: int | None = None
+    num_consumed_rows: int = 0
+    target_offset: int | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SplitRestore:
@@ -234,6 +184,65 @@ class RestoreState:
         return out
 
 
+def _range(r: Any) -> tuple[int, int]:
+    start, end = r
+    return int(start), int(end)
+
+
+@dataclass(frozen=True)
+class BarrierMessage:
+    """A barrier as a worker receives it. ``mutation`` stays in the meta's JSON (it is
+    rare, and the poll copies it from the catalog's rows); ``barrier`` is the decoded
+    form the executors take."""
+
+    prev: int
+    curr: int
+    kind: BarrierKind
+    mutation: Mapping[str, Any] | None = None
+    # creating graphs: the upstream's committed epoch when it was injected
+    upstream_epoch: int | None = None
+    # jobs reading a source: split -> [start, end) offsets of the source's messages in
+    # the epoch this barrier opens
+    source_ranges: Mapping[str, tuple[int, int]] | None = None
+
+    @cached_property
+    def barrier(self) -> Barrier:
+        """As the executors take it."""
+        return Barrier(
+            EpochPair(self.prev, self.curr), self.kind, Mutation.from_json(self.mutation)
+        )
+
+    def adds(self, actor_id: int) -> bool:
+        """Whether the barrier's mutation adds the actor (a rescale starts it)."""
+        change = self.barrier.mutation
+        return change is not None and actor_id in change.add
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> BarrierMessage:
+        upstream, ranges = d.get("upstream_epoch"), d.get("source_ranges")
+        return cls(
+            int(d["prev"]),
+            int(d["curr"]),
+            BarrierKind(d["kind"]),
+            d.get("mutation"),
+            None if upstream is None else int(upstream),
+            None if ranges is None else {str(s): _range(r) for s, r in ranges.items()},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        ranges = self.source_ranges
+        return {
+            "prev": self.prev,
+            "curr": self.curr,
+            "kind": self.kind.value,
+            "mutation": self.mutation,
+            "upstream_epoch": self.upstream_epoch,
+            "source_ranges": None
+            if ranges is None
+            else {s: [start, end] for s, (start, end) in ranges.items()},
+        }
+
+
 @dataclass(frozen=True)
 class Assignment:
     """One of a worker's actors with the barriers ready for it (its poll's answer)."""
@@ -245,7 +254,7 @@ class Assignment:
     vnodes: list[list[int]]  # [lo, hi) ranges
     splits: list[str]
     job: JobSpec
-    barriers: list[dict[str, Any]]
+    barriers: list[BarrierMessage]
     restore: RestoreState | None = None
 
     @classmethod
@@ -259,7 +268,7 @@ class Assignment:
             vnodes=[[int(lo), int(hi)] for lo, hi in d.get("vnodes") or ()],
             splits=[str(s) for s in d.get("splits") or ()],
             job=JobSpec.from_json(d["job"]),
-            barriers=list(d.get("barriers") or ()),
+            barriers=[BarrierMessage.from_json(b) for b in d.get("barriers") or ()],
             restore=None if restore is None else RestoreState.from_json(restore),
         )
 
@@ -272,16 +281,22 @@ class Assignment:
             "vnodes": self.vnodes,
             "splits": self.splits,
             "job": self.job.to_json(),
-            "barriers": self.barriers,
+            "barriers": [b.to_json() for b in self.barriers],
             "restore": None if self.restore is None else self.restore.to_json(),
         }
 
 
 @dataclass(frozen=True)
 class PollAnswer:
+    """A worker's actors with the barriers ready for them (a poll's answer)."""
+
     worker_id: int
     lease_ms: int
-    assignments: list[Assignment]
+    assignments: list[Assignment] = field(default_factory=list)
+
+    @property
+    def has_barriers(self) -> bool:
+        return any(a.barriers for a in self.assignments)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PollAnswer:
@@ -290,3 +305,10 @@ class PollAnswer:
             int(d["lease_ms"]),
             [Assignment.from_json(a) for a in d.get("assignments") or ()],
         )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "lease_ms": self.lease_ms,
+            "assignments": [a.to_json() for a in self.assignments],
+        }

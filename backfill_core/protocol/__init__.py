@@ -1,0 +1,69 @@
+"""The contract between the control plane and the workers, in one place: the worker
+protocol's messages (``assignment``: the poll's answer; ``messages``: registration,
+collects, failure reports), its error codes (``errors``) and the plans of the worker's
+Spark jobs (``plan``). Each type decodes its JSON once (``from_json``) and encodes it
+once (``to_json``); both sides use these, the control plane behind the pydantic models
+of its HTTP edge (``service.api.workers``).
+"""
+
+from backfill_core.protocol.assignment import (
+    Assignment,
+    BarrierMessage,
+    JobSpec,
+    PollAnswer,
+    RestoreState,
+    SourceRef,
+    SplitRestore,
+    VnodeRestore,
+)
+from backfill_core.protocol.errors import SUPERSEDED, ErrorBody, ErrorCode
+from backfill_core.protocol.messages import (
+    CollectAnswer,
+    CollectBatch,
+    CollectBatchAnswer,
+    CollectProgress,
+    CollectRequest,
+    CollectStatus,
+    FailureReport,
+    RegisterRequest,
+    Registration,
+)
+from backfill_core.protocol.plan import (
+    GroupStart,
+    KafkaPlan,
+    KafkaRange,
+    MvWrite,
+    ReadGroup,
+    TablePlan,
+    VnodeRead,
+)
+
+__all__ = [
+    "SUPERSEDED",
+    "Assignment",
+    "BarrierMessage",
+    "CollectAnswer",
+    "CollectBatch",
+    "CollectBatchAnswer",
+    "CollectProgress",
+    "CollectRequest",
+    "CollectStatus",
+    "ErrorBody",
+    "ErrorCode",
+    "FailureReport",
+    "GroupStart",
+    "JobSpec",
+    "KafkaPlan",
+    "KafkaRange",
+    "MvWrite",
+    "PollAnswer",
+    "ReadGroup",
+    "RegisterRequest",
+    "Registration",
+    "RestoreState",
+    "SourceRef",
+    "SplitRestore",
+    "TablePlan",
+    "VnodeRead",
+    "VnodeRestore",
+]

@@ -1,0 +1,177 @@
+"""The worker's requests besides the poll, and their answers: registration, collect
+(one or a batch, with the actor's per-vnode or per-split progress) and failure report.
+
+The control plane checks a request's bounds at its edge (``service.api.workers``: the
+pydantic models there are the HTTP schema, decoded into these once); the meta and the
+worker see these types only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from backfill_core.protocol.assignment import SplitRestore, VnodeRestore
+
+
+@dataclass(frozen=True)
+class RegisterRequest:
+    name: str
+    capacity: int = 4  # actors it can run
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RegisterRequest:
+        return cls(str(d["name"]), int(d.get("capacity", 4)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "capacity": self.capacity}
+
+
+@dataclass(frozen=True)
+class Registration:
+    worker_id: int
+    lease_ms: int
+    database_url: str  # where the worker reads and writes the state store
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> Registration:
+        return cls(int(d["worker_id"]), int(d["lease_ms"]), str(d["database_url"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "worker_id": self.worker_id,
+            "lease_ms": self.lease_ms,
+            "database_url": self.database_url,
+        }
+
+
+_ROWS = ("vnodes", "splits")
+
+
+@dataclass(frozen=True)
+class CollectProgress:
+    """An actor's progress at a barrier: its vnodes' (table jobs) or its splits' (source
+    jobs), which the meta commits with the barrier (``service.meta.barriers``), and the
+    rest of its executor's report (``phase``, a snapshot backfill's figures), which the
+    meta reads as it is (``service.meta.creating``)."""
+
+    vnodes: tuple[VnodeRestore, ...] | None = None
+    splits: tuple[SplitRestore, ...] | None = None
+    report: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CollectProgress:
+        vnodes, splits = d.get("vnodes"), d.get("splits")
+        return cls(
+            None if vnodes is None else tuple(VnodeRestore.from_json(v) for v in vnodes),
+            None if splits is None else tuple(SplitRestore.from_json(s) for s in splits),
+            {k: v for k, v in d.items() if k not in _ROWS},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = dict(self.report)
+        if self.vnodes is not None:
+            out["vnodes"] = [v.to_json() for v in self.vnodes]
+        if self.splits is not None:
+            out["splits"] = [s.to_json() for s in self.splits]
+        return out
+
+
+@dataclass(frozen=True)
+class CollectRequest:
+    """An actor finished the epoch a barrier closes (``recovery_seq``: the graph's
+    incarnation it ran in, which tells a late collect of an earlier one)."""
+
+    actor_id: int
+    recovery_seq: int
+    prev_epoch: int
+    curr_epoch: int
+    progress: CollectProgress | None = None
+    rows: int = 0
+    finished: bool = False
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CollectRequest:
+        progress = d.get("progress")
+        return cls(
+            int(d["actor_id"]),
+            int(d["recovery_seq"]),
+            int(d["prev_epoch"]),
+            int(d["curr_epoch"]),
+            None if progress is None else CollectProgress.from_json(progress),
+            int(d.get("rows", 0)),
+            bool(d.get("finished", False)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "actor_id": self.actor_id,
+            "recovery_seq": self.recovery_seq,
+            "prev_epoch": self.prev_epoch,
+            "curr_epoch": self.curr_epoch,
+            "progress": None if self.progress is None else self.progress.to_json(),
+            "rows": self.rows,
+            "finished": self.finished,
+        }
+
+
+class CollectStatus(StrEnum):
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"  # collected before (a retry): nothing changed
+
+
+@dataclass(frozen=True)
+class CollectAnswer:
+    status: CollectStatus
+    committed_epoch: int
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CollectAnswer:
+        return cls(CollectStatus(d["status"]), int(d["committed_epoch"]))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status.value, "committed_epoch": self.committed_epoch}
+
+
+@dataclass(frozen=True)
+class CollectBatch:
+    """Several collects in one request, applied all or nothing."""
+
+    collects: list[CollectRequest]
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CollectBatch:
+        return cls([CollectRequest.from_json(c) for c in d["collects"]])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"collects": [c.to_json() for c in self.collects]}
+
+
+@dataclass(frozen=True)
+class CollectBatchAnswer:
+    results: list[CollectAnswer]  # one per collect, in order
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> CollectBatchAnswer:
+        return cls([CollectAnswer.from_json(r) for r in d["results"]])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"results": [r.to_json() for r in self.results]}
+
+
+@dataclass(frozen=True)
+class FailureReport:
+    """An actor (None: the whole worker) failed: its graphs recover."""
+
+    message: str
+    actor_id: int | None = None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> FailureReport:
+        actor = d.get("actor_id")
+        return cls(str(d["message"]), None if actor is None else int(actor))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"actor_id": self.actor_id, "message": self.message}
