@@ -16,6 +16,7 @@ from backfill_core.protocol.assignment import (
     SplitRestore,
     VnodeRestore,
 )
+from backfill_core.protocol.decode import MalformedMessage
 from backfill_core.protocol.errors import SUPERSEDED, ErrorBody, ErrorCode
 from backfill_core.protocol.messages import (
     CollectAnswer,
@@ -53,6 +54,7 @@ __all__ = [
     "FailureReport",
     "GroupStart",
     "JobSpec",
+    "MalformedMessage",
     "KafkaPlan",
     "KafkaRange",
     "MvWrite",

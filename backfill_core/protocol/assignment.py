@@ -16,6 +16,7 @@ from typing import Any
 
 from backfill_core.epoch import EpochPair
 from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
+from backfill_core.protocol.decode import integer, items, obj, opt_integer, text
 
 
 @dataclass(frozen=True)
@@ -105,14 +106,15 @@ class VnodeRestore:
     epoch: int | None = None  # snapshot backfill: the epoch it is consumed at
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> VnodeRestore:
-        epoch = d.get("epoch")
+    def from_json(cls, data: Any) -> VnodeRestore:
+        d = obj(data, "a vnode's progress")
+        pos = d.get("current_pos")
         return cls(
-            int(d["vnode"]),
-            str(d["state"]),
-            d.get("current_pos"),
-            int(d.get("row_count") or 0),
-            None if epoch is None else int(epoch),
+            integer(d, "vnode"),
+            text(d, "state"),
+            None if pos is None else list(items(pos, "current_pos")),
+            integer(d, "row_count", 0),
+            opt_integer(d, "epoch"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -137,14 +139,14 @@ class SplitRestore:
     target_offset: int | None = None
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> SplitRestore:
-        offset, target = d.get("offset"), d.get("target_offset")
+    def from_json(cls, data: Any) -> SplitRestore:
+        d = obj(data, "a split's progress")
         return cls(
-            str(d["split"]),
-            str(d["state"]),
-            None if offset is None else int(offset),
-            int(d.get("num_consumed_rows") or 0),
-            None if target is None else int(target),
+            text(d, "split"),
+            text(d, "state"),
+            opt_integer(d, "offset"),
+            integer(d, "num_consumed_rows", 0),
+            opt_integer(d, "target_offset"),
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 from backfill_core.protocol.assignment import SplitRestore, VnodeRestore
+from backfill_core.protocol.decode import boolean, get, integer, items, obj
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,16 @@ class CollectProgress:
     report: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CollectProgress:
+    def from_json(cls, data: Any) -> CollectProgress:
+        d = obj(data, "progress")
         vnodes, splits = d.get("vnodes"), d.get("splits")
         return cls(
-            None if vnodes is None else tuple(VnodeRestore.from_json(v) for v in vnodes),
-            None if splits is None else tuple(SplitRestore.from_json(s) for s in splits),
+            None
+            if vnodes is None
+            else tuple(VnodeRestore.from_json(v) for v in items(vnodes, "vnodes")),
+            None
+            if splits is None
+            else tuple(SplitRestore.from_json(s) for s in items(splits, "splits")),
             {k: v for k, v in d.items() if k not in _ROWS},
         )
 
@@ -93,16 +99,17 @@ class CollectRequest:
     finished: bool = False
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> CollectRequest:
+    def from_json(cls, data: Any) -> CollectRequest:
+        d = obj(data, "a collect")
         progress = d.get("progress")
         return cls(
-            int(d["actor_id"]),
-            int(d["recovery_seq"]),
-            int(d["prev_epoch"]),
-            int(d["curr_epoch"]),
+            integer(d, "actor_id"),
+            integer(d, "recovery_seq"),
+            integer(d, "prev_epoch"),
+            integer(d, "curr_epoch"),
             None if progress is None else CollectProgress.from_json(progress),
-            int(d.get("rows", 0)),
-            bool(d.get("finished", False)),
+            integer(d, "rows", 0),
+            boolean(d, "finished", False),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -143,7 +150,9 @@ class CollectBatch:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> CollectBatch:
-        return cls([CollectRequest.from_json(c) for c in d["collects"]])
+        return cls(
+            [CollectRequest.from_json(c) for c in items(get(obj(d), "collects"), "collects")]
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"collects": [c.to_json() for c in self.collects]}

@@ -161,13 +161,13 @@ def _decoded(item: CollectRequest, loc: tuple[str | int, ...]) -> protocol.Colle
         progress = (
             None if item.progress is None else protocol.CollectProgress.from_json(item.progress)
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except protocol.MalformedMessage as e:
         raise RequestValidationError(
             [
                 {
                     "type": "value_error",
                     "loc": ("body", *loc, "progress"),
-                    "msg": f"not an actor's progress: {type(e).__name__} {e}",
+                    "msg": f"not an actor's progress: {e}",
                     "input": None,
                 }
             ]

@@ -599,3 +599,24 @@ def test_names_near_the_limits_of_storage_names(
             )
             ok(r, 200)
     assert_consistent(db)
+
+
+def test_a_collect_whose_progress_is_not_the_protocols_is_422(
+    hostile: TestClient, db: Database
+) -> None:
+    """Decoded once at the edge (``backfill_core.protocol``): a wrong member of an
+    actor's progress is the worker's error, not a 500 nor a row the meta reads later."""
+    collect = {"actor_id": 1, "recovery_seq": 0, "prev_epoch": 1, "curr_epoch": 2}
+    for progress in ({"vnodes": [{"vnode": "1", "state": "done"}]}, {"splits": "0"}):
+        for path, body in [
+            ("collect", collect | {"progress": progress}),
+            ("collects", {"collects": [collect, collect | {"progress": progress}]}),
+        ]:
+            err = assert_error(
+                hostile.post(f"/v1/workers/1/{path}", json=body), 422, "validation_error"
+            )
+            assert err["details"][0]["loc"][-1] == "progress"
+    assert_error(
+        hostile.post("/v1/workers/1/collect", json=collect | {"extra": 1}), 422, "validation_error"
+    )
+    assert scalar(db, "SELECT count(*) FROM barrier_collects") == 0
