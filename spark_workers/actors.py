@@ -241,7 +241,7 @@ class ActorRunner:
         report: dict[str, Any] = {}
         if isinstance(self.executor, SnapshotBackfill):
             report = {k: v for k, v in self.executor.report().items() if k != "vnodes"}
-        return CollectProgress(vnodes=self._progress(), report=report)
+        return CollectProgress.of(vnodes=self._progress(), report=report)
 
     def read_some(self, conn: Any, max_rows: int) -> int:
         """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""

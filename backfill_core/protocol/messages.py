@@ -8,13 +8,14 @@ worker see these types only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from backfill_core.protocol.assignment import SplitRestore, VnodeRestore
-from backfill_core.protocol.decode import boolean, get, integer, items, obj
+from backfill_core.protocol.decode import MalformedMessage, boolean, get, integer, items, obj
 
 
 @dataclass(frozen=True)
@@ -49,40 +50,97 @@ class Registration:
 
 
 _ROWS = ("vnodes", "splits")
+# each row's members: its type, and whether it may be absent or null
+_VNODE_ROW = (
+    ("vnode", int, False),
+    ("state", str, False),
+    ("current_pos", list, True),
+    ("row_count", int, True),
+    ("epoch", int, True),
+)
+_SPLIT_ROW = (
+    ("split", str, False),
+    ("state", str, False),
+    ("offset", int, True),
+    ("num_consumed_rows", int, True),
+    ("target_offset", int, True),
+)
 
 
-@dataclass(frozen=True)
+def _check_rows(rows: Any, what: str, members: tuple[tuple[str, type, bool], ...]) -> None:
+    """Each of ``rows`` an object of ``members``, of their types, and nothing else (a
+    type test per member, no object built: a batch of collects carries thousands)."""
+    names = frozenset(name for name, _, _ in members)
+    for row in items(rows, what):
+        if type(row) is not dict or not row.keys() <= names:
+            raise MalformedMessage(f"a row of {what} is not an object of {sorted(names)}")
+        for name, kind, optional in members:
+            value = row.get(name)
+            # exact types: a JSON true is no integer
+            if type(value) is not kind and (value is not None or not optional):
+                raise MalformedMessage(f"{what}: {name} is not of type {kind.__name__}")
+
+
+@dataclass(frozen=True, eq=False)
 class CollectProgress:
     """An actor's progress at a barrier: its vnodes' (table jobs) or its splits' (source
     jobs), which the meta commits with the barrier (``service.meta.barriers``), and the
     rest of its executor's report (``phase``, a snapshot backfill's figures), which the
-    meta reads as it is (``service.meta.creating``)."""
+    meta reads as it is (``service.meta.creating``).
 
-    vnodes: tuple[VnodeRestore, ...] | None = None
-    splits: tuple[SplitRestore, ...] | None = None
-    report: Mapping[str, Any] = field(default_factory=dict)
+    Kept as its JSON, checked (``from_json``) or built from typed rows (``of``): the meta
+    stores it as it is, and a batch of collects carries thousands of rows, which took
+    longer to build as objects than to parse. The rows are decoded when asked for."""
+
+    _json: Mapping[str, Any]
+
+    @classmethod
+    def of(
+        cls,
+        vnodes: Sequence[VnodeRestore] | None = None,
+        splits: Sequence[SplitRestore] | None = None,
+        report: Mapping[str, Any] | None = None,
+    ) -> CollectProgress:
+        out = {k: v for k, v in (report or {}).items() if k not in _ROWS}
+        if vnodes is not None:
+            out["vnodes"] = [v.to_json() for v in vnodes]
+        if splits is not None:
+            out["splits"] = [s.to_json() for s in splits]
+        return cls(out)
 
     @classmethod
     def from_json(cls, data: Any) -> CollectProgress:
         d = obj(data, "progress")
-        vnodes, splits = d.get("vnodes"), d.get("splits")
-        return cls(
-            None
-            if vnodes is None
-            else tuple(VnodeRestore.from_json(v) for v in items(vnodes, "vnodes")),
-            None
-            if splits is None
-            else tuple(SplitRestore.from_json(s) for s in items(splits, "splits")),
-            {k: v for k, v in d.items() if k not in _ROWS},
-        )
+        if d.get("vnodes") is not None:
+            _check_rows(d["vnodes"], "vnodes", _VNODE_ROW)
+        if d.get("splits") is not None:
+            _check_rows(d["splits"], "splits", _SPLIT_ROW)
+        return cls(dict(d))
 
     def to_json(self) -> dict[str, Any]:
-        out = dict(self.report)
-        if self.vnodes is not None:
-            out["vnodes"] = [v.to_json() for v in self.vnodes]
-        if self.splits is not None:
-            out["splits"] = [s.to_json() for s in self.splits]
-        return out
+        return dict(self._json)
+
+    @cached_property
+    def vnodes(self) -> tuple[VnodeRestore, ...] | None:
+        rows = self._json.get("vnodes")
+        return None if rows is None else tuple(VnodeRestore.from_json(v) for v in rows)
+
+    @cached_property
+    def splits(self) -> tuple[SplitRestore, ...] | None:
+        rows = self._json.get("splits")
+        return None if rows is None else tuple(SplitRestore.from_json(s) for s in rows)
+
+    @property
+    def report(self) -> dict[str, Any]:
+        return {k: v for k, v in self._json.items() if k not in _ROWS}
+
+    def __eq__(self, other: object) -> bool:
+        """The same rows (a member left out or null alike) and report."""
+        return isinstance(other, CollectProgress) and (
+            (self.vnodes, self.splits, self.report) == (other.vnodes, other.splits, other.report)
+        )
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

@@ -283,7 +283,7 @@ def _collect(
     results = workers.collect(ctx.db, worker_id, items)
     ctx.signal.notify()  # a commit may release barriers to downstream actors
     wanted = frozenset().union(
-        *(creating.rounds_wanted(dict(i.progress.report)) for i in items if i.progress)
+        *(creating.rounds_wanted(i.progress.report) for i in items if i.progress)
     )
     if wanted:
         ctx.signal.request_barrier(wanted)

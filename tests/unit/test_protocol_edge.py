@@ -39,7 +39,7 @@ def test_a_collect_is_decoded_into_the_protocols_type_once() -> None:
         0,
         1,
         2,
-        protocol.CollectProgress(
+        protocol.CollectProgress.of(
             vnodes=(protocol.VnodeRestore(3, "in_progress", [9]),), report={"phase": "snapshot"}
         ),
         4,

@@ -55,7 +55,7 @@ vnode_rows = st.builds(VnodeRestore, small, names, keys, ints, opt_ints)
 split_rows = st.builds(SplitRestore, names, names, opt_ints, ints, opt_ints)
 reports = st.dictionaries(names.filter(lambda k: k not in ("vnodes", "splits")), json_values)
 progress = st.builds(
-    CollectProgress,
+    CollectProgress.of,
     st.none() | st.lists(vnode_rows, max_size=4).map(tuple),
     st.none() | st.lists(split_rows, max_size=4).map(tuple),
     reports,
