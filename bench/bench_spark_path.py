@@ -11,7 +11,6 @@ Without them the figure says so instead of guessing.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 import uuid
@@ -84,6 +83,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
 
 
 def _measure(url: str, jar: str, name: str, n: int) -> list[dict[str, Any]]:
+    from backfill_core.protocol import MvWrite, TablePlan, VnodeRead
     from spark_workers.datasource import StoreDataSource
     from spark_workers.spark_path import build_session
 
@@ -91,22 +91,14 @@ def _measure(url: str, jar: str, name: str, n: int) -> list[dict[str, Any]]:
     spark.dataSource.register(StoreDataSource)
     parts = max(2, int(spark.sparkContext.defaultParallelism))
     bounds = [(k * 256 // parts, (k + 1) * 256 // parts) for k in range(parts)]
-    plan = json.dumps(
-        {
-            "dsn": url,
-            "upstream_table": name,
-            "upstream_schema": TABLE_SCHEMA.to_json(),
-            "mv_table": name,
-            "mv_schema": TABLE_SCHEMA.to_json(),
-            "columns": list(TABLE_SCHEMA.names),
-            "filter": None,
-            "graph_id": 0,
-            "recovery_seq": 0,
-            "read_epoch": EPOCH,
-            "write_epoch": EPOCH,
-            "partitions": [[[v, None, n] for v in range(lo, hi)] for lo, hi in bounds],
-        }
-    )
+    write = MvWrite(url, name, TABLE_SCHEMA, list(TABLE_SCHEMA.names), None, 0, 0, EPOCH)
+    plan = TablePlan(
+        write,
+        name,
+        TABLE_SCHEMA,
+        EPOCH,
+        [[VnodeRead(v, None, n) for v in range(lo, hi)] for lo, hi in bounds],
+    ).to_text()
     # the same snapshot for JDBC: the newest version per key at the epoch, by vnode range
     snapshot = (
         f'(SELECT "_vnode", "id", "amount", "note", "price" FROM (SELECT DISTINCT ON '

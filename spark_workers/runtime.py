@@ -202,9 +202,9 @@ class Worker:
                 # a batch is all or nothing: again without the actors dropped meanwhile,
                 # or without the graph that recovered meanwhile (its actors wait for the
                 # recovery's initial barrier; the other graphs' collects still count)
-                gone = e.actor_id if e.code is ErrorCode.ACTOR_NOT_ASSIGNED else None
-                if gone is not None and self._forget_if_dropped([gone]):
-                    collects = [c for c in collects if c.actor_id != gone]
+                dropped = e.actor_id if e.code is ErrorCode.ACTOR_NOT_ASSIGNED else None
+                if dropped is not None and self._forget_if_dropped([dropped]):
+                    collects = [c for c in collects if c.actor_id != dropped]
                     continue
                 graph_id = self._stale_collect(e)
                 if graph_id is None:
