@@ -189,12 +189,7 @@ class SourceRunner:
                 cur.execute(_COMMITTED, {"job": self.job_id, "splits": added})
                 for split, state, offset, consumed, target in cur.fetchall():
                     committed[split] = _progress(
-                        {
-                            "state": state,
-                            "offset": offset,
-                            "num_consumed_rows": consumed,
-                            "target_offset": target,
-                        }
+                        SplitRestore(split, state, offset, consumed, target)
                     )
             others_finished = False
             if ex.phase.value == "backfilling" and all(
