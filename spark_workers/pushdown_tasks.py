@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from backfill_core.schema import value_to_json
-from spark_workers.datasource import Plan, _fence, fenced_off
+from spark_workers.datasource import Plan, fence_task, fenced_off
 from state_store.locks import GRAPH_GATE_LOCK
 from state_store.options import WORKER_DATA_OPTIONS
 
@@ -171,7 +171,7 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
         return []
 
     def work(cur: Any) -> dict[int, dict[int, tuple[int, Any]]]:
-        _fence(cur, plan.graph_id, plan.recovery_seq)
+        fence_task(cur, plan.graph_id, plan.recovery_seq)
         cur.execute(_STATEMENT_SETTINGS)
         done: dict[int, dict[int, tuple[int, Any]]] = {}
         for g in _claims(plan.dsn, queue):

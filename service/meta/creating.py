@@ -42,8 +42,8 @@ from service.catalog.models import (
 )
 from service.meta import metrics
 from service.meta.barriers import (
-    _apply_lifetimes,
-    _pop_mutation,
+    apply_lifetimes,
+    pop_mutation,
     lock_graph,
     merge_ceiling,
     try_complete,
@@ -136,9 +136,9 @@ def inject(
             kind = "checkpoint"
         else:
             kind = "barrier"
-        mutation = _pop_mutation(s, graph_id)
+        mutation = pop_mutation(s, graph_id)
         if mutation:
-            _apply_lifetimes(s, mutation, curr)
+            apply_lifetimes(s, mutation, curr)
         barrier = Barrier(
             graph_id=graph_id,
             prev_epoch=prev,
