@@ -31,6 +31,7 @@ from backfill_core.executors.snapshot import log_store_lets_upstream_advance
 from backfill_core.schema import TableSchema
 from service.catalog import events
 from service.catalog.models import (
+    MAIN_GRAPH_ID,
     Actor,
     Barrier,
     EpochPin,
@@ -43,12 +44,11 @@ from service.catalog.models import (
 from service.meta import metrics
 from service.meta.barriers import (
     apply_lifetimes,
-    pop_mutation,
     lock_graph,
     merge_ceiling,
+    pop_mutation,
     try_complete,
 )
-from service.meta.epochs import MAIN_GRAPH_ID
 
 FAKE_EPOCH_SHIFT = 16
 # phase-2 barriers injected per tick at most: enough to outrun the upstream's one
