@@ -16,8 +16,8 @@ from sqlalchemy import select
 from backfill_core.executors.source import SplitState
 from backfill_core.protocol import Assignment
 from service.api.app import create_app
-from service.catalog import tables
 from service.catalog.models import Actor
+from service.catalog.queries import get_relation, storage_of
 from service.db import Database, raw_cursor
 from service.meta import barriers
 from service.meta.loop import MetaLoop
@@ -63,7 +63,7 @@ def _source_job(
 
 def _mv_versions(db: Database) -> int:
     with db.transaction() as s:
-        return tables.storage_of(tables._get(s, "per_user")).count_versions(raw_cursor(s))
+        return storage_of(get_relation(s, "per_user")).count_versions(raw_cursor(s))
 
 
 def _collect(worker: FakeWorker, report: dict[str, Any], barrier: dict[str, Any]) -> None:
