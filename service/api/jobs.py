@@ -333,12 +333,6 @@ def verify(
         EpochQuery | None, Query(description="default: the latest committed epoch")
     ] = None,
 ) -> Verification:
-    v = verification.verify(ctx.db, job_id, epoch)
-    return Verification(
-        epoch=v.epoch,
-        equal=v.equal,
-        mv_rows=v.mv_rows,
-        expected_rows=v.expected_rows,
-        missing=v.missing,
-        unexpected=v.unexpected,
+    return Verification.model_validate(
+        verification.verify(ctx.db, job_id, epoch), from_attributes=True
     )
