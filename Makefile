@@ -70,11 +70,11 @@ chaos: $(STAMP)
 # mutation score (not part of `make test`): mutmut mutates backfill_core/executors/ and
 # vnode.py and runs the unit and property tests that reach each mutant; MUTATION_SET=commit
 # mutates the commit / fence / visibility functions of the meta, workers and store against
-# their Postgres tests. Prints the table and survivors recorded in bench/RESULTS.md.
+# their Postgres tests. Writes the table and survivors into bench/RESULTS.md.
 MUTATION_SET  ?= core
 MUTATION_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 mutation: $(STAMP)
-	$(BIN)/python -m tests.kit.mutation --set $(MUTATION_SET) --jobs $(MUTATION_JOBS)
+	$(BIN)/python -m tests.kit.mutation --set $(MUTATION_SET) --jobs $(MUTATION_JOBS) --record
 
 clean:
 	rm -rf $(VENV) .pytest_cache .pytest-tmp .mypy_cache .ruff_cache mutants

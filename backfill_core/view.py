@@ -82,7 +82,7 @@ def _leaf(e: Mapping[str, Any], schema: TableSchema, path: str) -> Predicate:
     if t in (ColumnType.JSONB,) and op not in ("=", "!="):
         raise SchemaError("jsonb columns only compare with = and !=", f"{path}.op")
     c = _const(t, e.get("value"), f"{path}.value")
-    cmp = _COMPARE[op]
+    cmp = COMPARE[op]
     return lambda r: r[i] is not None and cmp(r[i], c)
 
 
@@ -95,7 +95,7 @@ def _const(t: ColumnType, v: Any, path: str) -> Any:
         raise SchemaError(err.message, path) from None
 
 
-_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     "=": lambda a, b: a == b,
     "!=": lambda a, b: a != b,
     "<": lambda a, b: a < b,

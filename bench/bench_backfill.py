@@ -26,9 +26,10 @@ from backfill_core.schema import Column, ColumnType, TableSchema
 from bench._live import checkpoint, live_worker, time_until_indexed
 from bench._pg import fresh_database
 from bench._plain_copy import spark_copy
-from service.catalog.tables import create_table, storage_of
+from service.catalog.queries import storage_of
 from service.db import Database
 from service.embedded_pg import to_libpq_url
+from service.usecases.tables import create_table
 
 SCHEMA = TableSchema.build(
     [

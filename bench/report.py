@@ -1,7 +1,10 @@
 """``bench/RESULTS.md`` from ``bench/out/results.json``: the machine, the date, one table
-per bench module (value, baseline, ratio, target, pass) with its notes, and links to
-the timeline plots. ``python -m bench`` writes it after every run; ``python -m
-bench.report`` writes it again from the last results.
+per bench module (value, baseline, ratio, target, pass) with its notes, the mutation
+score, and links to the timeline plots. ``python -m bench`` writes it after every run;
+``python -m bench.report`` writes it again from the last results.
+
+The mutation score is not in results.json: ``make mutation`` writes its set's part of the
+section in RESULTS.md itself (``record_mutation``) and every rewrite keeps that section.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ PLOTS = (
     ("lag.png", "Log-store lag and upstream barrier latency during those backfills"),
 )
 PLOTS_FROM = "timeline"  # the module that draws them, into bench/out/
+MUTATION_HEADING = "## Mutation score"
+MUTATION_INTRO = """\
+Written by `make mutation` (`python -m tests.kit.mutation`; not part of `make test`), one
+part per set; see [the mutation score](../docs/architecture.md#mutation-score) for what
+each set mutates and which tests run against it."""
+NO_MUTATION_RUN = "No `make mutation` run recorded."
 
 HOW_TO_READ = """\
 Every figure is measured next to its **baseline in the same run**, on the same machine
@@ -130,8 +139,14 @@ def _plots(doc: dict[str, Any], md_dir: Path, out_dir: Path) -> list[str]:
     return out
 
 
-def render(doc: dict[str, Any], md_dir: Path = HERE, out_dir: Path | None = None) -> str:
-    """The Markdown report of a results.json document; links relative to ``md_dir``."""
+def render(
+    doc: dict[str, Any],
+    md_dir: Path = HERE,
+    out_dir: Path | None = None,
+    mutation: str | None = None,
+) -> str:
+    """The Markdown report of a results.json document; links relative to ``md_dir``;
+    ``mutation``: the mutation parts kept from the file it replaces."""
     out_dir = out_dir if out_dir is not None else md_dir / "out"
     modules: dict[str, dict[str, Any]] = doc.get("modules") or {}
     quick = sorted(m for m, e in modules.items() if e.get("quick"))
@@ -174,15 +189,67 @@ def render(doc: dict[str, Any], md_dir: Path = HERE, out_dir: Path | None = None
     lines += ["", "## Per bench", ""]
     for name, entry in modules.items():
         lines += _module(name, entry)
+    lines += [MUTATION_HEADING, "", MUTATION_INTRO, "", mutation or NO_MUTATION_RUN, ""]
     lines += ["## Plots", "", *_plots(doc, md_dir, out_dir)]
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _section(text: str, heading: str, level: str = "## ") -> tuple[int, int] | None:
+    """The span of a section's body: after its heading line up to the next heading of
+    the same level (or the end)."""
+    lines = text.splitlines(keepends=True)
+    starts = [sum(map(len, lines[:i])) for i in range(len(lines) + 1)]
+    try:
+        first = next(i for i, ln in enumerate(lines) if ln.rstrip("\n") == heading)
+    except StopIteration:
+        return None
+    end = next((i for i in range(first + 1, len(lines)) if lines[i].startswith(level)), len(lines))
+    return starts[first + 1], starts[end]
+
+
+def kept_mutation(md_text: str) -> str | None:
+    """The mutation parts of a RESULTS.md (the section's body after its intro)."""
+    span = _section(md_text, MUTATION_HEADING)
+    if span is None:
+        return None
+    body = md_text[span[0] : span[1]].strip()
+    body = body.removeprefix(MUTATION_INTRO).strip()
+    return None if body in ("", NO_MUTATION_RUN) else body
+
+
+def _replace(md: Path, text: str) -> None:
+    tmp = md.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, md)
+
+
 def write(results: Path = RESULTS_JSON, md: Path = RESULTS_MD) -> Path:
     doc = json.loads(results.read_text())
-    tmp = md.with_suffix(".tmp")
-    tmp.write_text(render(doc, md.parent, results.parent))
-    os.replace(tmp, md)
+    kept = kept_mutation(md.read_text()) if md.exists() else None
+    _replace(md, render(doc, md.parent, results.parent, mutation=kept))
+    return md
+
+
+def record_mutation(set_name: str, part: str, md: Path = RESULTS_MD) -> Path:
+    """Put one mutation set's report (``### Set `name```, then its table and survivors)
+    into RESULTS.md, replacing that set's earlier part and keeping the others."""
+    heading = f"### Set `{set_name}`"
+    text = md.read_text()
+    parts: dict[str, str] = {}
+    for chunk in ("\n" + (kept_mutation(text) or "")).split("\n### ")[1:]:
+        title, _, body = chunk.partition("\n")
+        parts["### " + title.strip()] = body.strip()
+    parts[heading] = part.strip()
+    body = "\n\n".join(f"{h}\n\n{b}" for h, b in sorted(parts.items()))
+    section = f"\n{MUTATION_INTRO}\n\n{body}\n\n"
+    span = _section(text, MUTATION_HEADING)
+    if span is None:  # a RESULTS.md from before the section: it goes before the plots
+        plots = _section(text, "## Plots")
+        at = text.index("## Plots") if plots else len(text)
+        text = f"{text[:at]}{MUTATION_HEADING}\n{section}{text[at:]}"
+    else:
+        text = text[: span[0]] + section + text[span[1] :]
+    _replace(md, text)
     return md
 
 

@@ -1,10 +1,10 @@
-"""The ``backfill`` command line: serve, worker, db, demo, openapi."""
+"""The ``backfill`` command line: serve, worker, db, demo, openapi, and the operator's
+commands over the HTTP API (jobs, tables, sources: ``service/cli_operator.py``)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import shutil
 import signal
@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 
 from service import heap
+from service.cli_operator import add_operator_commands
+from service.logs import LogSettingsError, configure_logging_from_env
 from service.settings import SettingsError, load_settings
 from spark_workers.settings import WorkerSettings, WorkerSettingsError, load_worker_settings
 
@@ -46,6 +48,7 @@ async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # t
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's loggers go to the root's handler (service/logs.py)
         lifespan="on",
         access_log=access_log,
     )
@@ -167,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Settings come from BACKFILL_* environment variables; DATABASE_URL unset "
         "means an embedded Postgres under the data directory.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("serve", help="run the control plane (HTTP API, barriers, scheduler)")
@@ -192,11 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     dsub = d.add_subparsers(dest="db_command", required=True, metavar="ACTION")
     for name, text, default in (
         ("upgrade", "apply migrations up to a revision", "head"),
-        ("downgrade", "revert migrations down to a revision", "base"),
+        ("downgrade", "revert migrations down to a revision (`base` drops the catalog)", None),
         ("current", "show the current and head revisions", None),
     ):
         a = dsub.add_parser(name, help=text)
-        if default is not None:
+        if name == "downgrade":  # no default: a bare downgrade must not empty the catalog
+            a.add_argument("revision", help="target revision, or `base` for an empty catalog")
+        elif default is not None:
             a.add_argument(
                 "revision", nargs="?", default=default, help=f"target (default {default})"
             )
@@ -212,16 +218,26 @@ def build_parser() -> argparse.ArgumentParser:
     o = sub.add_parser("openapi", help="print or write the OpenAPI document")
     o.add_argument("--output", default="-", help="file to write (default: stdout)")
     o.set_defaults(func=cmd_openapi)
+    add_operator_commands(sub)
     return p
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mv-backfill")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    for noisy in ("pgserver", "alembic", "httpx"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     args = build_parser().parse_args(argv)
+    try:
+        configure_logging_from_env()
+    except LogSettingsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return int(args.func(args) or 0)
 
 

@@ -19,6 +19,8 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from service.logs import FORMAT_PATTERN, LEVEL_PATTERN
+
 ENV_PREFIX = "BACKFILL_"
 TOKEN_FIELDS = ("admin_token", "reader_token", "worker_token")
 MIN_TOKEN_CHARS = 16
@@ -40,7 +42,10 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".data"), description="embedded Postgres and local state")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
-    log_level: str = Field(default="info", pattern=r"^(debug|info|warning|error|critical)$")
+    log_level: str = Field(default="info", pattern=LEVEL_PATTERN, description="every logger's")
+    log_format: str = Field(
+        default="text", pattern=FORMAT_PATTERN, description="text, or json: one object a line"
+    )
 
     barrier_interval_ms: int = Field(default=1000, ge=10, le=600_000)
     checkpoint_frequency: int = Field(default=1, ge=1, le=10_000)

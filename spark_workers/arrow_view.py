@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from backfill_core.schema import ColumnType, TableSchema, coerce_value
-from backfill_core.view import _COMPARE, compile_filter
+from backfill_core.view import COMPARE, compile_filter
 
 Mask = Callable[[pa.RecordBatch], pa.Array]
 
@@ -116,7 +116,7 @@ def _row_leaf(e: Any, i: int, t: ColumnType, convert: Callable[[Any], Any] | Non
             return v is not None and conv(v) in allowed
     else:
         c = coerce_value(t, e["value"])
-        cmp = _COMPARE[e["op"]]
+        cmp = COMPARE[e["op"]]
 
         def test(v: Any) -> bool:
             return v is not None and cmp(conv(v), c)

@@ -255,7 +255,7 @@ class MvWriter(DataSourceArrowWriter):  # type: ignore[misc]
                     continue
                 if conn is None:  # an empty partition (a warm-up) needs no connection
                     conn = psycopg2.connect(write.dsn, options=WORKER_DATA_OPTIONS)
-                    _fence(conn.cursor(), write.graph_id, write.recovery_seq)
+                    fence_task(conn.cursor(), write.graph_id, write.recovery_seq)
                 with conn.cursor() as cur:
                     batch = _canonical(batch, types)
                     # rows come in (vnode, pk) order: each vnode's run ends at its last pk
@@ -313,7 +313,7 @@ def _canonical(batch: Any, types: list[Any]) -> Any:
     return pa.RecordBatch.from_arrays(cols, names=batch.schema.names)
 
 
-def _fence(cur: Any, graph_id: int, recovery_seq: int) -> None:
+def fence_task(cur: Any, graph_id: int, recovery_seq: int) -> None:
     """As the driver path: no rows from an actor incarnation a recovery superseded."""
     cur.execute("SELECT recovery_seq FROM graphs WHERE id = %s FOR SHARE", [graph_id])
     row = cur.fetchone()

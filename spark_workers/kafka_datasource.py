@@ -102,7 +102,7 @@ def run_ranges(plan: KafkaPlan, ranges: list[KafkaRange]) -> list[tuple[Any, ...
     from backfill_core.changes import Version
     from backfill_core.view import View
     from connectors.kafka import KafkaClient, KafkaSpec, parse_row
-    from spark_workers.datasource import _fence
+    from spark_workers.datasource import fence_task
     from state_store.options import WORKER_DATA_OPTIONS
     from state_store.versioned import VersionedTable
 
@@ -133,7 +133,7 @@ def run_ranges(plan: KafkaPlan, ranges: list[KafkaRange]) -> list[tuple[Any, ...
         conn = psycopg2.connect(write.dsn, options=WORKER_DATA_OPTIONS)
         try:
             with conn.cursor() as cur:
-                _fence(cur, write.graph_id, write.recovery_seq)
+                fence_task(cur, write.graph_id, write.recovery_seq)
                 mv.write(cur, write.write_epoch, [Version(r) for r in rows])
             conn.commit()
         finally:

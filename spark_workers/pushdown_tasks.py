@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from backfill_core.protocol import TablePlan
 from backfill_core.schema import value_to_json
-from spark_workers.datasource import _fence, fenced_off
+from spark_workers.datasource import fence_task, fenced_off
 from state_store.locks import GRAPH_GATE_LOCK
 from state_store.options import WORKER_DATA_OPTIONS
 
@@ -173,7 +173,7 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
         return []
 
     def work(cur: Any) -> dict[int, dict[int, tuple[int, Any]]]:
-        _fence(cur, w.graph_id, w.recovery_seq)
+        fence_task(cur, w.graph_id, w.recovery_seq)
         cur.execute(_STATEMENT_SETTINGS)
         done: dict[int, dict[int, tuple[int, Any]]] = {}
         for g in _claims(w.dsn, queue):

@@ -25,8 +25,8 @@ from backfill_core.executors.flow import (
     account_batch,
     apply_flow_mutation,
     check_closes_open_epoch,
-    check_provenance,
     check_summary,
+    check_vnode_read_planned_now,
     split_batches,
     spread_reads,
     vnode_progress_rows,
@@ -217,7 +217,7 @@ class ArrangementBackfill:
         if read.vnode not in self.progress or read.vnode in self.exhausted:
             raise ValueError(f"vnode {read.vnode} has nothing to read in this epoch")
         p = self.progress[read.vnode]
-        check_provenance(read, self.snapshot_epoch, p.current_pos)
+        check_vnode_read_planned_now(read, self.snapshot_epoch, p.current_pos)
         if last_pos is not None:
             self.progress[read.vnode] = VnodeProgress(
                 VnodeState.IN_PROGRESS, last_pos, p.row_count + count

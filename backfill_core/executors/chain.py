@@ -37,8 +37,8 @@ from backfill_core.executors.flow import (
     FixedSnapshotReads,
     apply_flow_mutation,
     check_closes_open_epoch,
-    check_provenance,
     check_summary,
+    check_vnode_read_planned_now,
     vnode_progress_rows,
 )
 from backfill_core.executors.messages import Barrier, BarrierOutput, ChangeRange, SnapshotRead
@@ -182,7 +182,7 @@ class ChainBackfill(FixedSnapshotReads):
         p = self.progress.get(read.vnode)
         if p is None or p.state is VnodeState.COMPLETED or self.phase is not Phase.SNAPSHOT:
             raise ValueError(f"vnode {read.vnode} has nothing left to read")
-        check_provenance(read, self.snapshot_epoch, p.current_pos)
+        check_vnode_read_planned_now(read, self.snapshot_epoch, p.current_pos)
         if last_pos is not None:
             p = VnodeProgress(VnodeState.IN_PROGRESS, last_pos, p.row_count + count)
             self.epoch_rows += count

@@ -113,7 +113,9 @@ def check_summary(read: SnapshotRead, count: int, last_pos: Row | None) -> None:
         raise ValueError("a read summary needs the last position exactly when rows were read")
 
 
-def check_provenance(read: SnapshotRead, snapshot_epoch: int, current_pos: Row | None) -> None:
+def check_vnode_read_planned_now(
+    read: SnapshotRead, snapshot_epoch: int, current_pos: Row | None
+) -> None:
     """Refuse a snapshot read that is not the one the executor would ask for now."""
     check_planned_now(f"vnode {read.vnode}", read.epoch, snapshot_epoch, read.after, current_pos)
 

@@ -17,6 +17,7 @@ from service.api.auth import BearerAuth, configured_tokens, document_security
 from service.api.bodies import document_raw_bodies
 from service.api.errors import install_error_handlers
 from service.api.limits import BodySizeLimit
+from service.api.request_ids import RequestIds
 from service.catalog.tokens import EMBEDDED_WORKER, TokenAuthority
 from service.context import ServiceContext
 from service.db import Database
@@ -92,7 +93,8 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     if authority is not None:  # outside the body limit: anonymous bodies are never read
         app.add_middleware(BearerAuth, authority=authority, open_paths=settings.open_paths)
         document_security(app, settings.open_paths)
-    app.add_middleware(MeasureRequests)  # outermost: counts the 401s and 413s too
+    app.add_middleware(MeasureRequests)  # counts the 401s and 413s too
+    app.add_middleware(RequestIds)  # outermost: every line and answer has its id
     app.include_router(health.router)
     app.include_router(tables.router)
     app.include_router(sources.router)

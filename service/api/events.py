@@ -20,9 +20,10 @@ from fastapi.responses import StreamingResponse
 from service.api.deps import get_ctx
 from service.api.epochs import epochs_as_text
 from service.api.errors import ERROR_RESPONSES
-from service.catalog import events, jobs
+from service.catalog import events
 from service.context import ServiceContext
 from service.errors import BadRequest
+from service.usecases import jobs
 
 router = APIRouter(tags=["events"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]

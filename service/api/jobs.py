@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import time
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -15,18 +14,17 @@ from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
 from service.api.limits import MAX_INT32, STRICT, RequestBody
-from service.catalog import idempotency, jobs
-from service.catalog import verify as verification
+from service.catalog import idempotency
 from service.catalog.models import Job
-from service.catalog.progress import RECENT_RECOVERIES, progress_snapshot
 from service.context import ServiceContext
-from service.meta.epochs import MAIN_GRAPH_ID
+from service.usecases import jobs, steering
+from service.usecases import verify as verification
+from service.usecases.progress import RECENT_RECOVERIES, job_progress
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 FOREGROUND_TIMEOUT_S = 600.0
-FOREGROUND_RECHECK_S = 0.25
-FOREGROUND_MIN_GAP_S = 0.01  # between re-reads: collects of many actors land in bursts
+FOREGROUND_RECHECK_S = 0.25  # re-read at least this often: another replica's commits
 
 
 class Upstream(BaseModel):
@@ -217,7 +215,7 @@ def create_job(body: JobCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
     return idempotent(
         ctx,
         keyed,
-        create=lambda claim: _steered(ctx, _create(ctx, spec, claim)),
+        create=lambda claim: _create(ctx, spec, claim),
         respond=lambda job: _answer_create(ctx, job, body.background),
         reload=lambda ref: jobs.get_job(ctx.db, ref["job"]),
         respond_within_s=60.0 if body.background else FOREGROUND_TIMEOUT_S + 60.0,
@@ -225,40 +223,16 @@ def create_job(body: JobCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
 
 
 def _create(ctx: ServiceContext, spec: jobs.JobSpec, claim: idempotency.Claim | None) -> Job:
-    try:
-        return jobs.create_job(ctx.db, spec, claim=claim)
-    except jobs.NoCommittedEpoch:
-        ctx.signal.request_barrier()  # so that the client's retry finds one
-        raise
-
-
-def _steered(ctx: ServiceContext, job: Job) -> Job:
-    """A job created, paused, resumed, throttled or rescaled: the mutation (or recovery) it
-    queued rides the next round of its graph, which this process's barrier loop (when it
-    leads) then runs at once.
-
-    Only its graph's: a snapshot job's creating graph needs no main barrier, and one
-    injected with the job's first barrier reached the upstream's actors exactly when the
-    job's start (its actors' first reads) loaded the machine (``bench_coupling``: the
-    slowest upstream barriers of a throttled phase 1 were at its start)."""
-    ctx.signal.request_barrier(("main",) if job.graph_id == MAIN_GRAPH_ID else ("creating",))
-    return job
+    return steering.steered(ctx.signal, jobs.create_job(ctx.db, spec, claim, ctx.signal))
 
 
 def _answer_create(ctx: ServiceContext, job: Job, background: bool) -> tuple[int, JobView]:
     """202 with the creating job; in the foreground, 201 once it is created (or 202
     when that takes longer than FOREGROUND_TIMEOUT_S)."""
-    deadline = time.monotonic() + (0.0 if background else FOREGROUND_TIMEOUT_S)
-    seen = ctx.signal.generation  # taken before the job is read again: no wake-up missed
-    while job.state == "creating" and (left := deadline - time.monotonic()) > 0:
-        # woken when this process's barrier loop ends a round (the commit that makes the
-        # job created is in one) or a collect lands; another replica's commits are seen
-        # by the re-read at least every FOREGROUND_RECHECK_S. A client polling for the
-        # state instead costs the control plane a request every time.
-        seen = ctx.signal.wait(seen, min(left, FOREGROUND_RECHECK_S))
-        job = jobs.get_job(ctx.db, job.id)
-        if job.state == "creating":
-            time.sleep(FOREGROUND_MIN_GAP_S)
+    if not background:
+        job = jobs.await_created(
+            ctx.db, ctx.signal, job, FOREGROUND_TIMEOUT_S, FOREGROUND_RECHECK_S
+        )
     return (201 if job.state == "created" and not background else 202), _view(ctx, job)
 
 
@@ -292,52 +266,35 @@ def get_job(job_id: int, ctx: Ctx, request: Request) -> Response:
     operation_id="getJobProgress",
 )
 def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
-    snap = progress_snapshot(ctx.db, job_id)
-    rows, kept = snap.vnodes, snap.kept
-    consumed = max(
-        kept.consumed_rows if kept else 0,
-        sum(r.row_count for r in rows) + sum(p.num_consumed_rows for p in snap.splits),
-    )
-    fixed = kept.total_estimate if kept is not None else None
-    total = max(fixed or snap.upstream_estimate, consumed)
-    done = snap.state == "created"
-    forwarding = (rows and all(r.state == "completed" for r in rows)) or (
-        snap.splits and all(p.state == "finished" for p in snap.splits)
-    )
-    phase = "done" if done else ("forwarding" if forwarding else "backfilling")
-    log_store = snap.log_store
-    if log_store is not None and not done:
-        phase = log_store.phase
-    percent = 100.0 if done else min(99.99, round(100 * consumed / total, 2) if total else 0.0)
-    rate = 0.0 if done or kept is None else round(kept.rows_per_s, 1)
-    eta = None if done or rate <= 0 else round(max(0, total - consumed) / rate, 1)
+    p = job_progress(ctx.db, job_id)
+    log_store = p.log_store
     body = Progress(
-        id=snap.job_id,
-        state=snap.state,
-        phase=phase,
-        rows=consumed,
-        total_estimate=total,
-        percent=percent,
-        rows_per_s=rate,
-        eta_s=0.0 if done else eta,
-        committed_epoch=snap.committed_epoch,
-        snapshot_epoch=snap.snapshot_epoch,
+        id=p.job_id,
+        state=p.state,
+        phase=p.phase,
+        rows=p.rows,
+        total_estimate=p.total_estimate,
+        percent=p.percent,
+        rows_per_s=p.rows_per_s,
+        eta_s=p.eta_s,
+        committed_epoch=p.committed_epoch,
+        snapshot_epoch=p.snapshot_epoch,
         log_store_lag_ms=log_store.lag_ms if log_store else None,
         log_store_lag_epochs=log_store.lag_epochs if log_store else None,
-        recent_recoveries=[RecoveryRow(at=e.at, reason=e.reason) for e in snap.recoveries],
+        recent_recoveries=[RecoveryRow(at=e.at, reason=e.reason) for e in p.recoveries],
         vnodes=[
             VnodeRow(vnode=r.vnode, state=r.state, position=r.current_pos, rows=r.row_count)
-            for r in rows
+            for r in p.vnodes
         ],
         splits=[
             SplitRow(
-                split=p.split,
-                state=p.state,  # type: ignore[arg-type]
-                offset=p.offset,
-                target_offset=p.target_offset,
-                rows=p.num_consumed_rows,
+                split=x.split,
+                state=x.state,  # type: ignore[arg-type]
+                offset=x.offset,
+                target_offset=x.target_offset,
+                rows=x.num_consumed_rows,
             )
-            for p in snap.splits
+            for x in p.splits
         ],
     )
     return conditional(request, body)
@@ -345,24 +302,26 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
 
 @router.post("/{job_id}/pause", response_model=JobView, operation_id="pauseJob")
 def pause(job_id: int, ctx: Ctx) -> JobView:
-    return _view(ctx, _steered(ctx, jobs.set_paused(ctx.db, job_id, True)))
+    return _view(ctx, steering.steered(ctx.signal, steering.set_paused(ctx.db, job_id, True)))
 
 
 @router.post("/{job_id}/resume", response_model=JobView, operation_id="resumeJob")
 def resume(job_id: int, ctx: Ctx) -> JobView:
-    return _view(ctx, _steered(ctx, jobs.set_paused(ctx.db, job_id, False)))
+    return _view(ctx, steering.steered(ctx.signal, steering.set_paused(ctx.db, job_id, False)))
 
 
 @router.patch("/{job_id}", response_model=JobView, operation_id="updateJob")
 def patch_job(job_id: int, body: JobPatch, ctx: Ctx) -> JobView:
     fields = body.model_fields_set
-    job = jobs.update_job(ctx.db, job_id, body.rate_limit, body.parallelism, "rate_limit" in fields)
-    return _view(ctx, _steered(ctx, job))
+    job = steering.update_job(
+        ctx.db, job_id, body.rate_limit, body.parallelism, "rate_limit" in fields
+    )
+    return _view(ctx, steering.steered(ctx.signal, job))
 
 
 @router.delete("/{job_id}", status_code=204, response_class=Response, operation_id="dropJob")
 def drop_job(job_id: int, ctx: Ctx) -> Response:
-    jobs.drop_job(ctx.db, job_id)
+    steering.drop_job(ctx.db, job_id)
     return Response(status_code=204)
 
 
@@ -374,12 +333,6 @@ def verify(
         EpochQuery | None, Query(description="default: the latest committed epoch")
     ] = None,
 ) -> Verification:
-    v = verification.verify(ctx.db, job_id, epoch)
-    return Verification(
-        epoch=v.epoch,
-        equal=v.equal,
-        mv_rows=v.mv_rows,
-        expected_rows=v.expected_rows,
-        missing=v.missing,
-        unexpected=v.unexpected,
+    return Verification.model_validate(
+        verification.verify(ctx.db, job_id, epoch), from_attributes=True
     )

@@ -14,10 +14,10 @@ from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
 from service.api.limits import MAX_INT32, STRICT, RequestBody
 from service.api.tables import ColumnSpec
-from service.catalog import sources
 from service.catalog.models import Source
 from service.context import ServiceContext
 from service.errors import Invalid
+from service.usecases import sources
 
 router = APIRouter(prefix="/v1/sources", tags=["sources"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]

@@ -14,11 +14,10 @@ from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
 from service.api.limits import STRICT, RequestBody
-from service.catalog import tables
 from service.catalog.models import Relation
 from service.context import ServiceContext
-from service.errors import Invalid, Timeout
-from service.meta.epochs import MAIN_GRAPH_ID, wait_committed
+from service.errors import Invalid
+from service.usecases import tables
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
@@ -180,11 +179,8 @@ def apply_dml(
 ) -> DmlResult:
     ops = [tables.DmlOp(o.op, o.row) for o in body.ops]
     epoch, count = tables.apply_dml(ctx.db, name, ops, ctx.clock)
-    if wait and not wait_committed(ctx.db, MAIN_GRAPH_ID, epoch, WAIT_TIMEOUT_S):
-        raise Timeout(
-            f"epoch {epoch} was not committed within {WAIT_TIMEOUT_S:.0f}s",
-            {"epoch": str(epoch)},  # as in every answer (service.api.epochs)
-        )
+    if wait:
+        tables.wait_readable(ctx.db, epoch, WAIT_TIMEOUT_S)
     return DmlResult(epoch=epoch, count=count)
 
 

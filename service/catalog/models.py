@@ -85,6 +85,10 @@ class SourceOffsets(Base):
     offsets: Mapped[dict[str, Any]]  # split -> end offset (exclusive)
 
 
+# the main graph's row: the first migration makes it; tables and created jobs live in it
+MAIN_GRAPH_ID = 1
+
+
 class Graph(Base):
     """A set of actors that see the same barrier sequence, with its committed epoch."""
 

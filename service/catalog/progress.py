@@ -11,9 +11,9 @@ from sqlalchemy import text
 
 from backfill_core.epoch import lag_ms
 from backfill_core.executors.source import split_key
+from service.catalog.models import MAIN_GRAPH_ID
 from service.db import Database
 from service.errors import NotFound
-from service.meta.epochs import MAIN_GRAPH_ID
 
 RECENT_RECOVERIES = 5
 

@@ -71,14 +71,14 @@ def inject(
         kind = "initial"
     else:
         kind = "checkpoint" if graph.barrier_seq % checkpoint_frequency == 0 else "barrier"
-    mutation = _pop_mutation(session, graph_id)
+    mutation = pop_mutation(session, graph_id)
     if source_marks is not None:
         elapsed = max(0, physical_time(curr) - physical_time(prev)) if prev else 0
         split_change = sources.advance(session, prev, curr, elapsed, source_marks)
         if split_change:
             mutation = {**(mutation or {}), "splits": split_change}
     if mutation:
-        _apply_lifetimes(session, mutation, curr)
+        apply_lifetimes(session, mutation, curr)
     barrier = Barrier(
         graph_id=graph_id, prev_epoch=prev, curr_epoch=curr, kind=kind, mutation=mutation
     )
@@ -90,7 +90,7 @@ def inject(
     return barrier
 
 
-def _pop_mutation(session: Session, graph_id: int) -> dict[str, Any] | None:
+def pop_mutation(session: Session, graph_id: int) -> dict[str, Any] | None:
     pending = session.execute(
         select(PendingMutation)
         .where(PendingMutation.graph_id == graph_id)
@@ -105,7 +105,7 @@ def _pop_mutation(session: Session, graph_id: int) -> dict[str, Any] | None:
     return mutation
 
 
-def _apply_lifetimes(session: Session, mutation: dict[str, Any], curr: int) -> None:
+def apply_lifetimes(session: Session, mutation: dict[str, Any], curr: int) -> None:
     if mutation.get("add"):
         # an actor starts once: recovery may already have started it
         session.execute(

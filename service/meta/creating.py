@@ -31,6 +31,7 @@ from backfill_core.executors.snapshot import log_store_lets_upstream_advance
 from backfill_core.schema import TableSchema
 from service.catalog import events
 from service.catalog.models import (
+    MAIN_GRAPH_ID,
     Actor,
     Barrier,
     EpochPin,
@@ -42,13 +43,12 @@ from service.catalog.models import (
 )
 from service.meta import metrics
 from service.meta.barriers import (
-    _apply_lifetimes,
-    _pop_mutation,
+    apply_lifetimes,
     lock_graph,
     merge_ceiling,
+    pop_mutation,
     try_complete,
 )
-from service.meta.epochs import MAIN_GRAPH_ID
 
 FAKE_EPOCH_SHIFT = 16
 # phase-2 barriers injected per tick at most: enough to outrun the upstream's one
@@ -136,9 +136,9 @@ def inject(
             kind = "checkpoint"
         else:
             kind = "barrier"
-        mutation = _pop_mutation(s, graph_id)
+        mutation = pop_mutation(s, graph_id)
         if mutation:
-            _apply_lifetimes(s, mutation, curr)
+            apply_lifetimes(s, mutation, curr)
         barrier = Barrier(
             graph_id=graph_id,
             prev_epoch=prev,

@@ -8,10 +8,8 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from backfill_core.epoch import Epoch
-from service.catalog.models import Graph
+from service.catalog.models import MAIN_GRAPH_ID, Graph
 from service.db import Database
-
-MAIN_GRAPH_ID = 1
 
 
 def next_epoch(current: int, now_unix_ms: int) -> int:

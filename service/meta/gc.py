@@ -14,7 +14,7 @@ from sqlalchemy import select, text
 
 from backfill_core.epoch import EPOCH_PHYSICAL_SHIFT
 from service.catalog.models import EpochPin, Relation
-from service.catalog.tables import storage_of
+from service.catalog.queries import storage_of
 from service.db import Database, raw_cursor
 
 

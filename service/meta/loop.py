@@ -102,10 +102,8 @@ class MetaLoop:
         return won
 
     def _drop_lock_conn(self, *, stopping: bool = False) -> None:
-        if self._lock_conn is not None:
-            with contextlib.suppress(psycopg2.Error):
-                self._lock_conn.close()
-        self._lock_conn = None
+        # stop calling ourselves leader before the lock goes: another control plane
+        # may win it the moment the connection closes
         if self.is_leader.is_set():
             if stopping:
                 log.info("released barrier leadership")
@@ -113,6 +111,10 @@ class MetaLoop:
                 log.warning("lost barrier leadership")
         self.is_leader.clear()
         metrics.IS_LEADER.set(0)
+        if self._lock_conn is not None:
+            with contextlib.suppress(psycopg2.Error):
+                self._lock_conn.close()
+        self._lock_conn = None
 
     def _on_become_leader(self) -> None:
         """A new leader cannot know what the old one had in flight: recover those graphs."""

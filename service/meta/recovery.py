@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, Job, Relation, Worker
-from service.catalog.tables import storage_of
+from service.catalog.queries import storage_of
 from service.db import raw_cursor
 from service.meta import creating, metrics, sources
 from service.meta.barriers import gate_graph, lock_graph

@@ -33,12 +33,23 @@ def run(
         ("db", "current"),
         ("demo",),
         ("openapi",),
+        ("jobs",),
+        ("jobs", "watch"),
+        ("tables", "list"),
+        ("sources", "show"),
     ],
 )
 def test_every_command_has_help(args: tuple[str, ...]) -> None:
     r = run(*args, "--help")
     assert r.returncode == 0, r.stderr
     assert "usage: backfill" in r.stdout
+
+
+def test_version() -> None:
+    from importlib.metadata import version
+
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout == f"backfill {version('mv-backfill')}\n"
 
 
 def test_worker_without_java_says_so(tmp_path: Path) -> None:
@@ -76,6 +87,8 @@ def test_db_commands_on_the_embedded_default(tmp_path: Path) -> None:
     current = r.stdout.split("current: ")[1].split()[0]
     assert current != "None" and f"head: {current}" in r.stdout
     r = run("db", "downgrade", "--data-dir", data, env=_embedded_env())
+    assert r.returncode == 2 and "required: revision" in r.stderr  # never to empty by default
+    r = run("db", "downgrade", "base", "--data-dir", data, env=_embedded_env())
     assert "revision None" in r.stdout
 
 

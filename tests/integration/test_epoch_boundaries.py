@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from service.catalog import tables
+from service.catalog.queries import get_relation
 from service.db import Database
 from service.meta import gc
 from service.meta.loop import MetaLoop
@@ -37,7 +37,7 @@ def test_the_committed_and_collected_edges(
 
     [result] = gc.run_gc(db, retention_ms=0)
     with db.transaction() as s:
-        gc_epoch = tables._get(s, "orders").gc_epoch
+        gc_epoch = get_relation(s, "orders").gc_epoch
     assert 0 < gc_epoch == result.safe_epoch
     assert _rows(client, gc_epoch).status_code == 200
     err = assert_error(_rows(client, gc_epoch - 1), 410, "gone")

@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from backfill_core.changes import Version
 from service.catalog.models import Relation
-from service.catalog.tables import storage_of
+from service.catalog.queries import storage_of
 from service.db import Database, raw_cursor
 from service.meta import gc
 from service.meta.indexer import BUILD_LOCK, EpochIndexer

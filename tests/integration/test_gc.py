@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from service.catalog import tables, verify
 from service.db import Database
 from service.meta import gc
+from service.usecases import tables, verify
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_tables_api import create, dml, ins, rows
 

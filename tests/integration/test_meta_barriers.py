@@ -16,8 +16,8 @@ from backfill_core.executors.flow import apply_flow_mutation
 from backfill_core.executors.messages import Mutation
 from backfill_core.protocol import CollectRequest, ErrorCode
 from service.api.app import create_app
-from service.catalog import tables
 from service.catalog.models import Worker
+from service.catalog.queries import get_relation, storage_of
 from service.db import Database, raw_cursor
 from service.errors import Conflict
 from service.meta import barriers, workers
@@ -156,9 +156,9 @@ def test_dead_worker_triggers_recovery_rollback_and_the_graph_goes_on(
     loop.tick()
     open_epoch = barriers_of(db)[-1].curr_epoch
     with db.transaction() as s:
-        mv = tables._get(s, "j_mv")
-        tables.storage_of(mv).write(raw_cursor(s), open_epoch, [Version((1, "uncommitted"))])
-        tables.storage_of(mv).write(raw_cursor(s), committed, [Version((2, "committed"))])
+        mv = get_relation(s, "j_mv")
+        storage_of(mv).write(raw_cursor(s), open_epoch, [Version((1, "uncommitted"))])
+        storage_of(mv).write(raw_cursor(s), committed, [Version((2, "committed"))])
     w2 = FakeWorker(client, name="w2").register()
     with db.transaction() as s:
         s.execute(

@@ -18,10 +18,11 @@ from sqlalchemy import text
 
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
-from service.catalog.tables import create_table, storage_of
+from service.catalog.queries import storage_of
 from service.db import Database
 from service.embedded_pg import to_libpq_url
 from service.meta.barriers import gate_graph, lock_graph
+from service.usecases.tables import create_table
 from spark_workers import pushdown_tasks
 from spark_workers.datasource import FencedOff
 from spark_workers.pushdown_tasks import run_group

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from backfill_core.changes import Version
 from service.catalog.models import Job, Relation
-from service.catalog.tables import storage_of
+from service.catalog.queries import storage_of
 from service.db import Database, raw_cursor
 from tests.integration.test_tables_api import create, dml, ins
 

@@ -16,7 +16,7 @@ from sqlalchemy import text
 
 from backfill_core.changes import Version
 from backfill_core.protocol import Assignment
-from service.catalog import tables
+from service.catalog.queries import get_relation, storage_of
 from service.db import Database, raw_cursor
 from service.meta import recovery
 from service.meta.loop import MetaLoop
@@ -37,13 +37,13 @@ def actor_conn(db: Database) -> Iterator[Any]:
 
 def _mv_versions(db: Database) -> int:
     with db.transaction() as s:
-        return tables.storage_of(tables._get(s, "j_mv")).count_versions(raw_cursor(s))
+        return storage_of(get_relation(s, "j_mv")).count_versions(raw_cursor(s))
 
 
 def _load_upstream(db: Database, rows: int) -> None:
     """Rows of the job's upstream, committed at the first epoch any barrier reads."""
     with db.transaction() as s:
-        up = tables.storage_of(tables._get(s, "j_src"))
+        up = storage_of(get_relation(s, "j_src"))
         up.write(raw_cursor(s), 1, [Version((i, f"v{i}")) for i in range(rows)])
 
 
@@ -94,7 +94,7 @@ def test_a_recovery_waits_for_a_write_that_passed_the_fence_then_rolls_it_back(
 ) -> None:
     _, a = _start(manual, db)
     seq, actor = a["recovery_seq"], a["actor_id"]
-    mv = tables.storage_of(_relation(db, "j_mv"))
+    mv = storage_of(_relation(db, "j_mv"))
     with actor_conn.cursor() as cur:  # a write under the fence, not yet committed
         fence(cur, GRAPH, seq, actor)
         mv.write(cur, committed_epoch(db) + 1, [Version((1, "zombie"))])
@@ -120,7 +120,7 @@ def test_a_recovery_waits_for_a_write_that_passed_the_fence_then_rolls_it_back(
 
 def _relation(db: Database, name: str) -> Any:
     with db.transaction() as s:
-        rel = tables._get(s, name)
+        rel = get_relation(s, name)
         s.expunge(rel)
         return rel
 

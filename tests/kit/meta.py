@@ -12,12 +12,13 @@ from sqlalchemy import select
 
 from backfill_core.schema import Column, ColumnType, TableSchema
 from service.api.app import create_app
-from service.catalog import tables
 from service.catalog.models import Actor, Barrier, Graph, Job
+from service.catalog.queries import get_relation
 from service.db import Database
 from service.meta.loop import MetaLoop
 from service.meta.scheduler import place_job_actors
 from service.settings import Settings
+from service.usecases import tables
 from tests.kit.auth import api_client, auth_header
 
 WORKER = auth_header("worker")  # a fake worker speaks with the worker token
@@ -46,8 +47,8 @@ def make_job(db: Database, name: str, parallelism: int, *, upstream: str | None 
         tables.create_table(db, upstream, SCHEMA)
     tables.create_table(db, f"{name}_mv", SCHEMA, kind="mv")
     with db.transaction() as s:
-        up = tables._get(s, upstream)
-        mv = tables._get(s, f"{name}_mv")
+        up = get_relation(s, upstream)
+        mv = get_relation(s, f"{name}_mv")
         job = Job(
             name=name,
             kind="arrangement",

@@ -63,6 +63,13 @@ COMMIT_FUNCTIONS = (
     "state_store.versioned.xǁVersionedTableǁgc__mutmut_*",
 )
 
+SET_DESCRIPTIONS = {
+    "core": "`backfill_core/executors/` and `backfill_core/vnode.py` against the unit and "
+    "property tests.",
+    "commit": "The commit, fence and visibility functions (`COMMIT_FUNCTIONS` in "
+    "`tests/kit/mutation.py`) against their Postgres tests.",
+}
+
 SETS = {
     "core": MutationSet(
         files=("backfill_core/executors/*", "backfill_core/vnode.py"),
@@ -229,7 +236,11 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
         "*frozenset(int(a) for a in data.get(*",
         "`Mutation.add` / `stop` are never read (the meta acts on its own JSON of them)",
     ),
-    ("*.x_check_provenance", "*check_planned_now(None,*", "changes a message's text only"),
+    (
+        "*.x_check_vnode_read_planned_now",
+        "*check_planned_now(None,*",
+        "changes a message's text only",
+    ),
     (
         "*Source*ǁ_check_read",
         '*`f"split {read.split}",` → `None,`*',
@@ -269,7 +280,8 @@ def report(chosen: MutationSet, set_name: str, elapsed_s: float | None) -> str:
 
     _configure(chosen)
     lines = [
-        f"Set `{set_name}`: mutmut {version('mutmut')}, Hypothesis profile `mutation` "
+        f"{SET_DESCRIPTIONS[set_name]} mutmut {version('mutmut')}, Hypothesis profile "
+        "`mutation` "
         f"(max_examples {os.environ.get('MUTATION_MAX_EXAMPLES', '60')})"
         + (f", {elapsed_s / 60:.0f} min on this machine" if elapsed_s is not None else "")
         + ". *score*: killed or timed out, of all mutants; *of the rest*: of those not "
@@ -321,6 +333,9 @@ def main() -> None:
     parser.add_argument("--set", choices=sorted(SETS), default="core")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--report-only", action="store_true", help="report the last run")
+    parser.add_argument(
+        "--record", action="store_true", help="write the report into bench/RESULTS.md"
+    )
     args = parser.parse_args()
     chosen = SETS[args.set]
     _configure(chosen)
@@ -329,7 +344,12 @@ def main() -> None:
         start = time.monotonic()
         run(chosen, args.jobs)
         elapsed = time.monotonic() - start
-    print(report(chosen, args.set, elapsed))
+    text = report(chosen, args.set, elapsed)
+    print(text)
+    if args.record:
+        from bench.report import record_mutation
+
+        print(f"recorded in {record_mutation(args.set, text)}")
 
 
 if __name__ == "__main__":

@@ -147,7 +147,8 @@ def test_readme_cli_table_names_every_command_and_option() -> None:
                 option = max(action.option_strings, key=len)
                 if option not in text:
                     missing.append(f"{' '.join(words)} {option}")
-            for name, sub in (getattr(action, "choices", None) or {}).items():
+            choices = getattr(action, "choices", None)
+            for name, sub in (choices if isinstance(choices, dict) else {}).items():
                 if hasattr(sub, "_actions"):
                     if f"{' '.join([*words, name])}" not in text:
                         missing.append(" ".join([*words, name]))
@@ -175,3 +176,36 @@ def test_results_md_is_what_the_report_writes() -> None:
     assert header.split("`bench/out/results.json`", 1)[1] in committed
     assert report.HOW_TO_READ in committed
     assert "[HISTORY.md](HISTORY.md)" in header
+
+
+def test_results_md_records_the_mutation_score_of_every_set() -> None:
+    """The mutation score and its survivors stand in bench/RESULTS.md (issue 39), each set
+    with a score for every file it mutates; the executors' score is at least 90%."""
+    kept = report.kept_mutation((ROOT / "bench" / "RESULTS.md").read_text())
+    assert kept, "no `make mutation` run recorded in bench/RESULTS.md"
+    for name in ("core", "commit"):
+        assert f"### Set `{name}`" in kept
+    assert "Survivors:" in kept
+    row = next(ln for ln in kept.splitlines() if ln.startswith("| all |"))
+    executors = [ln for ln in kept.splitlines() if ln.startswith("| `backfill_core/executors/")]
+    assert executors and row
+    killed = sum(int(ln.split("|")[3]) + int(ln.split("|")[4]) for ln in executors)
+    total = sum(int(ln.split("|")[2]) for ln in executors)
+    assert killed / total >= 0.9, f"executors: {killed} of {total} mutants killed"
+
+
+def test_rewriting_results_md_keeps_the_mutation_score(tmp_path: Path) -> None:
+    """``python -m bench`` rewrites RESULTS.md from results.json, which has no mutation
+    score: the section make mutation wrote stays; a set's new run replaces its old part."""
+    results, md = tmp_path / "results.json", tmp_path / "RESULTS.md"
+    results.write_text('{"modules": {}}')
+    report.write(results, md)
+    assert report.NO_MUTATION_RUN in md.read_text()
+    report.record_mutation("core", "core table, first run", md)
+    report.record_mutation("commit", "commit table", md)
+    report.record_mutation("core", "core table, second run", md)
+    report.write(results, md)
+    text = md.read_text()
+    kept = report.kept_mutation(text)
+    assert kept == "### Set `commit`\n\ncommit table\n\n### Set `core`\n\ncore table, second run"
+    assert text.index(report.MUTATION_HEADING) < text.index("## Plots")

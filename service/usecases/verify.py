@@ -8,17 +8,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
 from backfill_core.schema import TableSchema
 from backfill_core.view import View
 from connectors.kafka import KafkaClient, KafkaSpec, KafkaUnavailable, parse_row
-from service.catalog.jobs import _job
-from service.catalog.models import Graph, Relation, Source
-from service.catalog.tables import readable_epoch, storage_of
+from service.catalog.models import Relation, Source
+from service.catalog.queries import committed_epoch, load_job, storage_of
 from service.db import Database, raw_cursor
 from service.errors import Unavailable
 from service.meta.sources import offsets_at
+from service.usecases.tables import readable_epoch
 
 
 def _hashable(row: Sequence[Any]) -> tuple[Any, ...]:
@@ -38,13 +36,11 @@ class Verification:
 def verify(db: Database, job_id: int, epoch: int | None, sample: int = 10) -> Verification:
     """Compare the MV at a committed epoch with the view of the upstream at that epoch."""
     with db.transaction() as s:
-        if _job(s, job_id).upstream_source_id is not None:
+        if load_job(s, job_id).upstream_source_id is not None:
             return _verify_source(db, job_id, epoch, sample)
     with db.snapshot() as s:  # GC may not move under the reads
-        job = _job(s, job_id)
-        committed = int(
-            s.execute(select(Graph.committed_epoch).where(Graph.id == job.graph_id)).scalar_one()
-        )
+        job = load_job(s, job_id)
+        committed = committed_epoch(s, job.graph_id)
         up = s.get(Relation, job.upstream_relation_id)
         mv = s.get(Relation, job.mv_relation_id)
         assert up is not None and mv is not None
@@ -87,13 +83,11 @@ def _verify_source(db: Database, job_id: int, epoch: int | None, sample: int) ->
     """A source job's MV at a committed epoch holds every message the shared source had
     reached by then (the view of them), each exactly once."""
     with db.snapshot() as s:
-        job = _job(s, job_id)
+        job = load_job(s, job_id)
         src = s.get(Source, job.upstream_source_id)
         mv = s.get(Relation, job.mv_relation_id)
         assert src is not None and mv is not None
-        committed = int(
-            s.execute(select(Graph.committed_epoch).where(Graph.id == job.graph_id)).scalar_one()
-        )
+        committed = committed_epoch(s, job.graph_id)
         epoch = readable_epoch(epoch, committed, mv.gc_epoch)
         ends = offsets_at(s, src, epoch)
         spec = KafkaSpec.from_json(src.kafka)

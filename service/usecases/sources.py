@@ -14,9 +14,8 @@ from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
-from backfill_core.schema import Column, SchemaError, is_identifier, validate_identifier
+from backfill_core.schema import Column, SchemaError, validate_identifier
 from connectors.kafka import (
     RESERVED_PROPERTIES,
     KafkaConfigError,
@@ -27,23 +26,11 @@ from connectors.kafka import (
 from connectors.kafka import source_schema as build_schema
 from service.catalog import idempotency
 from service.catalog.models import Job, Source
+from service.catalog.queries import ACTIVE_JOB_STATES, get_source
 from service.db import Database
-from service.errors import Conflict, Invalid, NotFound
+from service.errors import Conflict, Invalid
 
 TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-ACTIVE_JOB_STATES = ("creating", "created")
-
-
-def get_source(session: Session, name: str, *, share: bool = False, lock: bool = False) -> Source:
-    if not is_identifier(name):  # cannot exist (and may not even be storable text)
-        raise NotFound(f"source {name!r} does not exist", {"name": name})
-    q = select(Source).where(Source.name == name)
-    if share or lock:
-        q = q.with_for_update(read=not lock)
-    src = session.execute(q).scalar_one_or_none()
-    if src is None:
-        raise NotFound(f"source {name!r} does not exist", {"name": name})
-    return src
 
 
 def _check_kafka(bootstrap_servers: str, topic: str, properties: Mapping[str, Any]) -> KafkaSpec:

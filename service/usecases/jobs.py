@@ -1,12 +1,14 @@
-"""Use cases for jobs: create an MV with its backfill, read, pause, throttle, drop, verify."""
+"""Use cases for jobs: create an MV with its backfill, read them, wait for one to be created.
+Steering a job (pause, throttle, rescale, drop) is in ``service.usecases.steering``."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -20,7 +22,7 @@ from backfill_core.view import View
 from connectors.kafka import KafkaSpec, KafkaUnavailable, topic_watermarks
 from service.catalog import events, idempotency
 from service.catalog.models import (
-    Actor,
+    MAIN_GRAPH_ID,
     EpochPin,
     Graph,
     Job,
@@ -28,19 +30,15 @@ from service.catalog.models import (
     Relation,
     Source,
 )
-from service.catalog.sources import get_source
-from service.catalog.tables import _get as get_relation
-from service.catalog.tables import storage_of
-from service.db import Database, raw_cursor, retry_deadlocks, unique_violation
+from service.catalog.queries import get_relation, get_source, load_job, storage_of
+from service.db import Database, raw_cursor, unique_violation
 from service.errors import Conflict, Invalid, NotFound, Unavailable
-from service.meta.barriers import enqueue_mutation
-from service.meta.epochs import MAIN_GRAPH_ID
-from service.meta.indexer import stop_build
-from service.meta.recovery import request_recovery
 from service.meta.scheduler import place_job_actors
+from service.meta.signal import BarrierSignal
 
 TABLE_KINDS = ("arrangement", "chain", "snapshot")
 MAX_PARALLELISM = 256
+MIN_REREAD_GAP_S = 0.01  # between re-reads of a creating job: collects land in bursts
 
 
 @dataclass(frozen=True)
@@ -76,7 +74,24 @@ def resolve_kind(kind: str, *, source: bool = False) -> str:
     return kind
 
 
-def create_job(db: Database, spec: JobSpec, claim: idempotency.Claim | None = None) -> Job:
+def create_job(
+    db: Database,
+    spec: JobSpec,
+    claim: idempotency.Claim | None = None,
+    signal: BarrierSignal | None = None,
+) -> Job:
+    """The job, created (its view, actors and first mutation queued) or a 4xx that wrote
+    nothing. A snapshot job refused for want of a committed upstream epoch asks ``signal``
+    for a round, so that the client's retry finds one."""
+    try:
+        return _create_job(db, spec, claim)
+    except NoCommittedEpoch:
+        if signal is not None:
+            signal.request_barrier()
+        raise
+
+
+def _create_job(db: Database, spec: JobSpec, claim: idempotency.Claim | None) -> Job:
     try:
         validate_identifier(spec.name, "job name")
     except SchemaError as e:
@@ -226,33 +241,28 @@ def _creating_graph(s: Session, job: Job, mv: Relation, upstream: Relation, comm
     s.flush()
 
 
-def _job(s: Session, job_id: int, *, lock: bool = False) -> Job:
-    q = select(Job).where(Job.id == job_id)
-    if not lock:
-        job = s.execute(q).scalar_one_or_none()
-    while lock:
-        # The barrier commit locks the graph, then touches its jobs (finishing them,
-        # recording events): take the locks in the same order, or the two deadlock.
-        graph_id = s.execute(select(Job.graph_id).where(Job.id == job_id)).scalar_one_or_none()
-        if graph_id is not None:
-            s.execute(
-                select(Graph.id)
-                .where(Graph.id == graph_id)
-                .with_for_update(read=True, key_share=True)
-            )
-        job = s.execute(
-            q.with_for_update().execution_options(populate_existing=True)
-        ).scalar_one_or_none()
-        if job is None or job.graph_id == graph_id:
-            break  # else a merge moved the job to the main graph meanwhile: lock that
-    if job is None:
-        raise NotFound(f"job {job_id} does not exist", {"id": job_id})
-    return job
-
-
 def get_job(db: Database, job_id: int) -> Job:
     with db.transaction() as s:
-        return _job(s, job_id)
+        return load_job(s, job_id)
+
+
+def await_created(
+    db: Database, signal: BarrierSignal, job: Job, timeout_s: float, recheck_s: float
+) -> Job:
+    """The job once it is created, or as it is after ``timeout_s``.
+
+    Woken when this process's barrier loop ends a round (the commit that makes the job
+    created is in one) or a collect lands; another replica's commits are seen by the
+    re-read at least every ``recheck_s``. A client polling for the state instead costs
+    the control plane a request every time."""
+    deadline = time.monotonic() + timeout_s
+    seen = signal.generation  # taken before the job is read again: no wake-up missed
+    while job.state == "creating" and (left := deadline - time.monotonic()) > 0:
+        seen = signal.wait(seen, min(left, recheck_s))
+        job = get_job(db, job.id)
+        if job.state == "creating":
+            time.sleep(MIN_REREAD_GAP_S)
+    return job
 
 
 def list_jobs(
@@ -281,105 +291,6 @@ def relation_names(db: Database, job: Job) -> JobNames:
         src = s.get(Source, job.upstream_source_id) if job.upstream_source_id else None
         mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
         return JobNames(up.name if up else None, src.name if src else None, mv.name if mv else None)
-
-
-def _live_actors(s: Session, job_id: int) -> list[int]:
-    """The job's actors a flow mutation (pause, resume, throttle) names: those not
-    stopped, including any placed but not started yet. Actors placed later (a rescale, a
-    recovery) start from the job's row instead (``paused``, ``rate_limit``)."""
-    return list(
-        s.execute(
-            select(Actor.id)
-            .where(Actor.job_id == job_id, Actor.last_epoch.is_(None))
-            .order_by(Actor.id)
-        ).scalars()
-    )
-
-
-def set_paused(db: Database, job_id: int, paused: bool) -> Job:
-    with db.transaction() as s:
-        job = _job(s, job_id, lock=True)
-        if job.state not in ("creating", "created"):
-            raise Conflict(f"job {job_id} is {job.state}", {"state": job.state})
-        if job.paused != paused:
-            job.paused = paused
-            assert job.graph_id is not None
-            # the job's actors only: the graph's other jobs keep their own paused flags
-            key = "pause" if paused else "resume"
-            enqueue_mutation(s, job.graph_id, {key: _live_actors(s, job.id)})
-            events.record(s, "paused" if paused else "resumed", job.id)
-        return job
-
-
-@retry_deadlocks
-def update_job(
-    db: Database, job_id: int, rate_limit: Any, parallelism: int | None, set_rate: bool
-) -> Job:
-    with db.transaction() as s:
-        job = _job(s, job_id, lock=True)
-        if job.state not in ("creating", "created"):
-            raise Conflict(f"job {job_id} is {job.state}", {"state": job.state})
-        assert job.graph_id is not None
-        if set_rate and rate_limit != job.rate_limit:
-            job.rate_limit = rate_limit
-            actors = _live_actors(s, job.id)
-            enqueue_mutation(s, job.graph_id, {"throttle": {str(a): rate_limit for a in actors}})
-            events.record(s, "throttled", job.id, rate_limit=rate_limit)
-        if parallelism is not None and parallelism != job.parallelism:
-            splits: list[str] | None = None
-            if job.upstream_source_id is not None:
-                # every split the job's actors own now (partitions added since included)
-                owned = s.execute(
-                    select(Actor.splits).where(Actor.job_id == job.id, Actor.last_epoch.is_(None))
-                ).scalars()
-                splits = sorted({x for part in owned for x in part}, key=split_key)
-                vnode_count, most = 0, len(splits)
-            else:
-                up = s.get(Relation, job.upstream_relation_id)
-                assert up is not None
-                vnode_count = most = int(up.schema["vnode_count"])
-            if not 1 <= parallelism <= min(MAX_PARALLELISM, most):
-                raise Invalid(
-                    f"parallelism must be in 1..{min(MAX_PARALLELISM, most)}",
-                    {"field": "parallelism"},
-                )
-            # rescale through recovery: the new actors restart from the committed
-            # per-vnode (per-split) progress at the same initial barrier, after the MV
-            # rolled back
-            s.execute(delete(Actor).where(Actor.job_id == job.id))
-            job.parallelism = parallelism
-            place_job_actors(s, job, vnode_count, at_recovery=True, splits=splits)
-            request_recovery(s, job.graph_id, "rescale")
-            events.record(s, "rescaled", job.id, parallelism=parallelism)
-        return job
-
-
-def drop_job(db: Database, job_id: int) -> None:
-    """Cancel a creating job or drop a created one: the MV and all its state go away."""
-    with db.transaction() as s:
-        job = _job(s, job_id, lock=True)
-        mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
-        if mv is not None:
-            readers = list(
-                s.execute(
-                    select(Job.name).where(Job.upstream_relation_id == mv.id, Job.id != job.id)
-                ).scalars()
-            )
-            if readers:
-                raise Conflict(f"job(s) {', '.join(readers)} read this view", {"jobs": readers})
-        s.execute(delete(EpochPin).where(EpochPin.holder == f"job:{job.id}"))
-        s.execute(delete(JobProgress).where(JobProgress.job_id == job.id))
-        events.record(s, "cancelled" if job.state == "creating" else "dropped", job.id)
-        if mv is not None and mv.graph_id != MAIN_GRAPH_ID:
-            mv.graph_id = MAIN_GRAPH_ID  # its creating graph goes with the job
-            s.flush()
-        s.delete(job)
-        s.flush()
-        if mv is not None:
-            if not mv.epoch_indexed:
-                stop_build(raw_cursor(s), mv.id)  # a build would hold the drop up
-            storage_of(mv).drop(raw_cursor(s))
-            s.delete(mv)
 
 
 def graph_of(db: Database, job: Job) -> Graph:

@@ -15,19 +15,21 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
 from backfill_core.changes import Row, Version
-from backfill_core.schema import SchemaError, TableSchema, is_identifier, validate_identifier
+from backfill_core.schema import SchemaError, TableSchema, validate_identifier
 from service.catalog import idempotency
-from service.catalog.models import Graph, Job, Relation
+from service.catalog.models import MAIN_GRAPH_ID, Job, Relation
+from service.catalog.queries import (
+    ACTIVE_JOB_STATES,
+    committed_epoch,
+    get_relation,
+    storage_of,
+)
 from service.clock import Clock
 from service.db import Database, raw_cursor, retry_deadlocks
-from service.errors import BadRequest, Conflict, Gone, Invalid, NotFound
-from service.meta.epochs import MAIN_GRAPH_ID, open_dml_epoch
-from state_store.versioned import VersionedTable
-
-ACTIVE_JOB_STATES = ("creating", "created")
+from service.errors import BadRequest, Conflict, Gone, Invalid, Timeout
+from service.meta.epochs import open_dml_epoch, wait_committed
 
 
 @dataclass(frozen=True)
@@ -41,22 +43,6 @@ class RowsPage:
     epoch: int
     rows: list[dict[str, Any]]
     next: str | None
-
-
-def storage_of(rel: Relation) -> VersionedTable:
-    return VersionedTable(rel.storage_table, TableSchema.from_json(rel.schema))
-
-
-def _get(session: Session, name: str, *, lock: bool = False, share: bool = False) -> Relation:
-    if not is_identifier(name):  # cannot exist (and may not even be storable text)
-        raise NotFound(f"table {name!r} does not exist", {"name": name})
-    q = select(Relation).where(Relation.name == name)
-    if lock or share:
-        q = q.with_for_update(read=share and not lock)
-    rel = session.execute(q).scalar_one_or_none()
-    if rel is None:
-        raise NotFound(f"table {name!r} does not exist", {"name": name})
-    return rel
 
 
 def create_table(
@@ -100,18 +86,12 @@ def list_tables(db: Database) -> list[Relation]:
 
 def get_table(db: Database, name: str) -> Relation:
     with db.transaction() as s:
-        return _get(s, name)
-
-
-def committed_epoch(session: Session, rel: Relation) -> int:
-    return session.execute(
-        select(Graph.committed_epoch).where(Graph.id == rel.graph_id)
-    ).scalar_one()
+        return get_relation(s, name)
 
 
 def drop_table(db: Database, name: str) -> None:
     with db.transaction() as s:
-        rel = _get(s, name, lock=True)
+        rel = get_relation(s, name, lock=True)
         if rel.kind != "table":
             raise Conflict(f"{name!r} is the view of a job: delete the job instead", {"name": name})
         readers = s.execute(
@@ -130,7 +110,7 @@ def drop_table(db: Database, name: str) -> None:
 def apply_dml(db: Database, name: str, ops: Sequence[DmlOp], clock: Clock) -> tuple[int, int]:
     """Apply a batch atomically at the open epoch; returns (epoch, count)."""
     with db.transaction() as s:
-        rel = _get(s, name, lock=True)  # DML on one table is serialized; drop waits
+        rel = get_relation(s, name, lock=True)  # DML on one table is serialized; drop waits
         if rel.kind != "table":
             raise Conflict(f"{name!r} is a materialized view and is read-only", {"name": name})
         schema = TableSchema.from_json(rel.schema)
@@ -166,6 +146,15 @@ def apply_dml(db: Database, name: str, ops: Sequence[DmlOp], clock: Clock) -> tu
         ]
         table.write(cur, epoch, versions)
         return epoch, len(ops)
+
+
+def wait_readable(db: Database, epoch: int, timeout_s: float) -> None:
+    """Return once the main graph committed ``epoch`` (a DML batch's): 504 after ``timeout_s``."""
+    if not wait_committed(db, MAIN_GRAPH_ID, epoch, timeout_s):
+        raise Timeout(
+            f"epoch {epoch} was not committed within {timeout_s:.0f}s",
+            {"epoch": str(epoch)},  # as in every answer (service.api.epochs)
+        )
 
 
 def _full_row(schema: TableSchema, row: dict[str, Any]) -> Row:
@@ -220,8 +209,8 @@ def read_rows(
     db: Database, name: str, epoch: int | None, limit: int, after: str | None
 ) -> RowsPage:
     with db.snapshot() as s:  # GC may not move between the check and the read
-        rel = _get(s, name)
-        epoch = readable_epoch(epoch, committed_epoch(s, rel), rel.gc_epoch)
+        rel = get_relation(s, name)
+        epoch = readable_epoch(epoch, committed_epoch(s, rel.graph_id), rel.gc_epoch)
         table = storage_of(rel)
         schema = table.schema
         bound = _decode_cursor(schema, after) if after else None

@@ -1,0 +1,79 @@
+"""Plain reads of the catalog that every layer above shares: a relation, a source or a
+job by its key (optionally locked), a relation's versioned table, a graph's committed
+epoch. No rules of the use cases here (``docs/architecture.md#layout-and-layers``)."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from backfill_core.schema import TableSchema, is_identifier
+from service.catalog.models import Graph, Job, Relation, Source
+from service.errors import NotFound
+from state_store.versioned import VersionedTable
+
+# a job in these states reads its upstream: the upstream may not be dropped
+ACTIVE_JOB_STATES = ("creating", "created")
+
+
+def storage_of(rel: Relation) -> VersionedTable:
+    return VersionedTable(rel.storage_table, TableSchema.from_json(rel.schema))
+
+
+def get_relation(
+    session: Session, name: str, *, lock: bool = False, share: bool = False
+) -> Relation:
+    if not is_identifier(name):  # cannot exist (and may not even be storable text)
+        raise NotFound(f"table {name!r} does not exist", {"name": name})
+    q = select(Relation).where(Relation.name == name)
+    if lock or share:
+        q = q.with_for_update(read=share and not lock)
+    rel = session.execute(q).scalar_one_or_none()
+    if rel is None:
+        raise NotFound(f"table {name!r} does not exist", {"name": name})
+    return rel
+
+
+def get_source(session: Session, name: str, *, share: bool = False, lock: bool = False) -> Source:
+    if not is_identifier(name):  # cannot exist (and may not even be storable text)
+        raise NotFound(f"source {name!r} does not exist", {"name": name})
+    q = select(Source).where(Source.name == name)
+    if share or lock:
+        q = q.with_for_update(read=not lock)
+    src = session.execute(q).scalar_one_or_none()
+    if src is None:
+        raise NotFound(f"source {name!r} does not exist", {"name": name})
+    return src
+
+
+def load_job(session: Session, job_id: int, *, lock: bool = False) -> Job:
+    """The job's row; with ``lock``, locked for update after its graph's row."""
+    q = select(Job).where(Job.id == job_id)
+    if not lock:
+        job = session.execute(q).scalar_one_or_none()
+    while lock:
+        # The barrier commit locks the graph, then touches its jobs (finishing them,
+        # recording events): take the locks in the same order, or the two deadlock.
+        graph_id = session.execute(
+            select(Job.graph_id).where(Job.id == job_id)
+        ).scalar_one_or_none()
+        if graph_id is not None:
+            session.execute(
+                select(Graph.id)
+                .where(Graph.id == graph_id)
+                .with_for_update(read=True, key_share=True)
+            )
+        job = session.execute(
+            q.with_for_update().execution_options(populate_existing=True)
+        ).scalar_one_or_none()
+        if job is None or job.graph_id == graph_id:
+            break  # else a merge moved the job to the main graph meanwhile: lock that
+    if job is None:
+        raise NotFound(f"job {job_id} does not exist", {"id": job_id})
+    return job
+
+
+def committed_epoch(session: Session, graph_id: int | None) -> int:
+    return int(
+        session.execute(select(Graph.committed_epoch).where(Graph.id == graph_id)).scalar_one()
+    )

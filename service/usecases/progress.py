@@ -1,0 +1,86 @@
+"""A job's progress as a client reads it: rows, percent, rate, ETA and phase, computed
+from one read of the catalog (``service.catalog.progress``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from service.catalog.progress import (
+    RECENT_RECOVERIES,
+    LogStoreLag,
+    ProgressSnapshot,
+    Recovery,
+    SplitRow,
+    VnodeRow,
+    progress_snapshot,
+)
+from service.db import Database
+
+__all__ = ["RECENT_RECOVERIES", "JobProgressReport", "Phase", "job_progress", "report"]
+
+Phase = Literal["backfilling", "forwarding", "snapshot", "log_store", "finishing", "done"]
+
+
+@dataclass(frozen=True)
+class JobProgressReport:
+    job_id: int
+    state: str
+    phase: Phase
+    rows: int  # consumed as of the committed epoch; never goes back
+    total_estimate: int
+    percent: float  # at most 99.99 until the job is created, then 100
+    rows_per_s: float
+    eta_s: float | None  # None: unknown (no rate yet)
+    committed_epoch: int
+    snapshot_epoch: int | None
+    log_store: LogStoreLag | None
+    recoveries: list[Recovery]  # the latest first
+    vnodes: list[VnodeRow]
+    splits: list[SplitRow]
+
+
+def job_progress(db: Database, job_id: int) -> JobProgressReport:
+    return report(progress_snapshot(db, job_id))
+
+
+def report(snap: ProgressSnapshot) -> JobProgressReport:
+    rows, kept = snap.vnodes, snap.kept
+    consumed = max(
+        kept.consumed_rows if kept else 0,
+        sum(r.row_count for r in rows) + sum(p.num_consumed_rows for p in snap.splits),
+    )
+    fixed = kept.total_estimate if kept is not None else None
+    total = max(fixed or snap.upstream_estimate, consumed)
+    done = snap.state == "created"
+    percent = 100.0 if done else min(99.99, round(100 * consumed / total, 2) if total else 0.0)
+    rate = 0.0 if done or kept is None else round(kept.rows_per_s, 1)
+    eta = None if done or rate <= 0 else round(max(0, total - consumed) / rate, 1)
+    return JobProgressReport(
+        job_id=snap.job_id,
+        state=snap.state,
+        phase=_phase(snap, done),
+        rows=consumed,
+        total_estimate=total,
+        percent=percent,
+        rows_per_s=rate,
+        eta_s=0.0 if done else eta,
+        committed_epoch=snap.committed_epoch,
+        snapshot_epoch=snap.snapshot_epoch,
+        log_store=snap.log_store,
+        recoveries=snap.recoveries,
+        vnodes=rows,
+        splits=snap.splits,
+    )
+
+
+def _phase(snap: ProgressSnapshot, done: bool) -> Phase:
+    if done:
+        return "done"
+    if snap.log_store is not None:
+        return snap.log_store.phase
+    rows, splits = snap.vnodes, snap.splits
+    forwarding = (rows and all(r.state == "completed" for r in rows)) or (
+        splits and all(p.state == "finished" for p in splits)
+    )
+    return "forwarding" if forwarding else "backfilling"
