@@ -1,4 +1,4 @@
-"""/metrics in the Prometheus text format: the meta's own metrics, and per-job gauges
+"""/metrics in the Prometheus text format: the meta's own metrics, and per-job series
 read from the catalog at scrape time (so every control-plane process reports them)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import text
 
 from service.api.deps import get_ctx
@@ -23,7 +23,8 @@ _JOBS = text(
     """
     SELECT j.id, j.name, j.kind, j.state, j.paused,
            coalesce(p.consumed_rows, 0), coalesce(p.rows_per_s, 0),
-           coalesce(p.total_estimate, greatest(coalesce(c.reltuples, 0), 0))
+           coalesce(p.total_estimate, greatest(coalesce(c.reltuples, 0), 0)),
+           (SELECT count(*) FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL)
     FROM jobs j
     LEFT JOIN job_progress p ON p.job_id = j.id
     LEFT JOIN relations r ON r.id = j.upstream_relation_id
@@ -31,34 +32,53 @@ _JOBS = text(
     ORDER BY j.id
     """
 )
+_WORKERS = text("SELECT count(*) FILTER (WHERE state = 'alive'), count(*) FROM workers")
 
 
 class JobCollector:
+    """Per-job series read from the catalog at scrape time. Rates are the scraper's to
+    compute (``rate(backfill_job_rows_total[1m])``); progress is a 0..1 ratio."""
+
     def __init__(self, db: Database) -> None:
         self.db = db
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["job", "name", "kind"]
-        rows = GaugeMetricFamily("backfill_job_rows", "Rows consumed (committed)", labels=labels)
-        rate = GaugeMetricFamily(
-            "backfill_job_rows_per_second", "Rows consumed per second", labels=labels
+        labels = ["job_id", "name", "kind"]
+        rows = CounterMetricFamily(
+            "backfill_job_rows", "Rows consumed as of the committed epoch", labels=labels
         )
-        percent = GaugeMetricFamily("backfill_job_percent", "Backfill progress", labels=labels)
+        progress = GaugeMetricFamily(
+            "backfill_job_progress_ratio", "Backfill progress, 0 to 1", labels=labels
+        )
+        eta = GaugeMetricFamily(
+            "backfill_job_eta_seconds",
+            "Seconds left at the current rate (creating jobs that move)",
+            labels=labels,
+        )
         paused = GaugeMetricFamily("backfill_job_paused", "1 while paused", labels=labels)
+        actors = GaugeMetricFamily("backfill_job_actors", "Live actors", labels=labels)
         state = GaugeMetricFamily(
             "backfill_job_state", "1 for the job's state", labels=[*labels, "state"]
         )
+        workers = GaugeMetricFamily(
+            "backfill_workers", "Registered workers by liveness", labels=["state"]
+        )
         with self.db.engine.connect() as conn:
-            for jid, name, kind, st, is_paused, consumed, rps, total in conn.execute(_JOBS):
+            for jid, name, kind, st, is_paused, consumed, rps, total, live in conn.execute(_JOBS):
                 lv = [str(jid), name, kind]
                 done = st == "created"
-                pct = 100.0 if done else min(99.99, 100 * consumed / max(total, consumed, 1))
+                ratio = 1.0 if done else min(0.9999, consumed / max(total, consumed, 1))
                 rows.add_metric(lv, consumed)
-                rate.add_metric(lv, 0.0 if done else rps)
-                percent.add_metric(lv, round(pct, 2))
+                progress.add_metric(lv, round(ratio, 4))
+                if st == "creating" and rps > 0:
+                    eta.add_metric(lv, max(0.0, (total - consumed) / rps))
                 paused.add_metric(lv, 1 if is_paused else 0)
+                actors.add_metric(lv, live)
                 state.add_metric([*lv, st], 1)
-        yield from (rows, rate, percent, paused, state)
+            alive, registered = conn.execute(_WORKERS).one()
+        workers.add_metric(["alive"], alive)
+        workers.add_metric(["not_alive"], registered - alive)
+        yield from (rows, progress, eta, paused, actors, state, workers)
 
 
 @router.get(

@@ -1,32 +1,45 @@
-"""Prometheus metrics of the meta role (one registry per process)."""
+"""Prometheus metrics of the meta role (one registry per process), named by Prometheus's
+conventions: base units (`_seconds`), `_total` counters, ids as `*_id` labels (never
+`job` or `instance`, which Prometheus owns), and the process and Python collectors
+(docs/operations.md#what-to-alert-on)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+for _standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):  # process_*, python_*
+    REGISTRY.register(_standard)
 
 BARRIER_LATENCY = Histogram(
     "backfill_barrier_latency_seconds",
     "Barrier inject-to-commit latency",
-    ["graph"],
+    ["graph_id"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
     registry=REGISTRY,
 )
 INFLIGHT_BARRIERS = Gauge(
-    "backfill_inflight_barriers",
+    "backfill_barriers_inflight",
     "Injected barriers not yet committed",
-    ["graph"],
+    ["graph_id"],
     registry=REGISTRY,
 )
 COMMITTED_EPOCH = Gauge(
-    "backfill_committed_epoch", "Committed epoch of a graph", ["graph"], registry=REGISTRY
+    "backfill_committed_epoch", "Committed epoch of a graph", ["graph_id"], registry=REGISTRY
 )
 RECOVERIES = Counter(
-    "backfill_recoveries_total", "Graph recoveries", ["graph", "reason"], registry=REGISTRY
+    "backfill_recoveries_total", "Graph recoveries", ["graph_id", "reason"], registry=REGISTRY
 )
 BARRIERS_INJECTED = Counter(
-    "backfill_barriers_injected_total", "Barriers injected", ["graph", "kind"], registry=REGISTRY
+    "backfill_barriers_injected_total", "Barriers injected", ["graph_id", "kind"], registry=REGISTRY
 )
 IS_LEADER = Gauge("backfill_is_leader", "1 while this process injects barriers", registry=REGISTRY)
 HTTP_REQUESTS = Counter(

@@ -181,7 +181,7 @@ def test_dead_worker_triggers_recovery_rollback_and_the_graph_goes_on(
     w2.collect_all()
     assert committed_epoch(db) == initial.curr_epoch  # continues from the committed epoch
     metrics = client.get("/metrics").text
-    assert 'backfill_recoveries_total{graph="1",reason="worker lease expired"}' in metrics
+    assert 'backfill_recoveries_total{graph_id="1",reason="worker lease expired"}' in metrics
 
 
 def test_failure_report_and_restart_recover(

@@ -82,10 +82,10 @@ def test_metrics_carry_each_job(client: TestClient, db: Database) -> None:
     job = make_job(db, "m", 1)
     assert client.post(f"/v1/jobs/{job}/pause").status_code == 200
     text = client.get("/metrics").text
-    labels = f'job="{job}",kind="arrangement",name="m"'
+    labels = f'job_id="{job}",kind="arrangement",name="m"'
     assert f"backfill_job_paused{{{labels}}} 1.0" in text
     assert f'backfill_job_state{{{labels},state="creating"}} 1.0' in text
-    assert f"backfill_job_rows{{{labels}}} 0.0" in text
+    assert f"backfill_job_rows_total{{{labels}}} 0.0" in text
     assert "backfill_barrier_latency_seconds" in text  # the meta's own metrics stay
 
 
