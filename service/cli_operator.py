@@ -1,4 +1,4 @@
-"""The operator's commands of ``backfill``: ``jobs``, ``tables``, ``sources``, an HTTP
+"""The operator's commands of ``backfill``: ``jobs``, ``tables``, ``sources``, ``workers``, an HTTP
 client of the API (no catalog access; any control plane the URL and token reach).
 
 ``-o json`` prints the API's JSON for scripts; the default is a table or a summary.
@@ -234,6 +234,19 @@ def jobs_watch(
         sleep(args.interval)
 
 
+WORKER_COLUMNS = ("id", "name", "state", "capacity", "actors", "last_heartbeat_at")
+
+
+def workers_list(api: Api, args: argparse.Namespace) -> int:
+    found = api.call("GET", "/v1/workers", params={"include_gone": args.include_gone})
+    rows = [
+        w | {"actors": f"{len(w['actors'])}: " + ",".join(str(a["id"]) for a in w["actors"])}
+        for w in found["workers"]
+    ]
+    _emit(args, found, lambda: print_table(rows, WORKER_COLUMNS, args.out))
+    return 0
+
+
 def _lister(path: str, key: str, columns: Sequence[str]):  # type: ignore[no-untyped-def]
     def run(api: Api, args: argparse.Namespace) -> int:
         items = list(api.pages(path, key))
@@ -288,7 +301,7 @@ def _client_options() -> argparse.ArgumentParser:
 
 
 def add_operator_commands(sub: Any) -> None:
-    """``jobs``, ``tables`` and ``sources`` under the ``backfill`` parser's subcommands."""
+    """``jobs``, ``tables``, ``sources`` and ``workers`` under ``backfill``'s subcommands."""
     common = _client_options()
 
     def action(group: Any, name: str, text: str, run: Any) -> argparse.ArgumentParser:
@@ -348,6 +361,11 @@ def add_operator_commands(sub: Any) -> None:
         gs = g.add_subparsers(dest=f"{noun}_command", required=True, metavar="ACTION")
         action(gs, "list", f"list {noun}", _lister(path, noun, columns))
         action(gs, "show", f"one of the {noun}", _shower(path)).add_argument("name")
+    k = sub.add_parser("workers", help="list the workers and their actors")
+    ks = k.add_subparsers(dest="workers_command", required=True, metavar="ACTION")
+    action(
+        ks, "list", "workers with their capacity, heartbeat and actors", workers_list
+    ).add_argument("--include-gone", action="store_true", help="also dead and deregistered workers")
 
 
 def _parallelism_body(args: argparse.Namespace) -> dict[str, Any]:

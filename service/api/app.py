@@ -12,7 +12,17 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import migrate
-from service.api import dashboard, events, health, jobs, metrics, sources, tables, workers
+from service.api import (
+    dashboard,
+    events,
+    health,
+    jobs,
+    metrics,
+    sources,
+    tables,
+    worker_list,
+    workers,
+)
 from service.api.auth import BearerAuth, configured_tokens, document_security
 from service.api.bodies import document_raw_bodies
 from service.api.errors import install_error_handlers
@@ -36,6 +46,7 @@ OPENAPI_TAGS: list[dict[str, Any]] = [
     {"name": "sources", "description": "Kafka topics of JSON objects, read as tables."},
     {"name": "jobs", "description": "Materialized views and their online backfill."},
     {"name": "events", "description": "What happens to jobs, as Server-Sent Events."},
+    {"name": "workers", "description": "The workers, their capacity and their actors."},
     {"name": "health", "description": "Liveness and readiness probes."},
     {"name": "metrics", "description": "Prometheus metrics."},
     {"name": "internal", "description": "The worker protocol: for workers only."},
@@ -100,6 +111,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     app.include_router(sources.router)
     app.include_router(jobs.router)
     app.include_router(events.router)
+    app.include_router(worker_list.router)
     app.include_router(workers.router)
     app.include_router(metrics.router)
     app.include_router(dashboard.router)

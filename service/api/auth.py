@@ -5,7 +5,7 @@ Who may call what (``allowed_roles``):
 * ``GET``/``HEAD`` of the open paths (``BACKFILL_OPEN_PATHS``, default ``/healthz
   /readyz /metrics``) and of the static files (the dashboard page and its assets, the API
   docs, which hold no data): anyone;
-* ``/v1/workers`` and below (the worker protocol): ``worker`` and ``admin``;
+* below ``/v1/workers/`` (the worker protocol): ``worker`` and ``admin``;
 * any other ``GET``/``HEAD`` (reads, progress, event streams): ``reader`` and ``admin``;
 * everything else (creates, DML, pause, drop, ...): ``admin``.
 
@@ -52,7 +52,7 @@ def allowed_roles(method: str, path: str, open_paths: frozenset[str]) -> frozens
     public = path in open_paths or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES)
     if public and method in READS:
         return None
-    if path == WORKER_PREFIX or path.startswith(WORKER_PREFIX + "/"):
+    if path.startswith(WORKER_PREFIX + "/") or (path == WORKER_PREFIX and method not in READS):
         return frozenset({"worker", "admin"})
     if method in READS:
         return frozenset({"reader", "admin"})

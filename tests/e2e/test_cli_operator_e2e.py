@@ -79,7 +79,13 @@ def test_an_operator_steers_a_job_from_the_command_line(
     assert "orders" in _run(capsys, base, "tables", "list")[1]
     code, out, _ = _run(capsys, base, "tables", "show", "orders")
     assert code == 0 and "id bigint, amount int, note text" in out
+    [worker] = _json(capsys, base, "workers", "list")["workers"]
+    assert worker["name"] == "ops" and worker["state"] == "alive"
+    assert sorted(a["job_id"] for a in worker["actors"]) == [int(job_id)] * 3
+    code, out, _ = _run(capsys, base, "workers", "list")
+    assert code == 0 and out.splitlines()[1].split()[1:4] == ["ops", "alive", "64"]
     assert _run(capsys, base, "jobs", "drop", job_id)[:2] == (0, f"dropped {job_id}\n")
+    assert _json(capsys, base, "workers", "list")["workers"][0]["actors"] == []
 
 
 def test_errors_exit_non_zero_with_the_api_code(

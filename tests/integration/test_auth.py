@@ -42,8 +42,8 @@ def allowed(method: str, path: str) -> set[str] | None:
     """The issue's rules, written out again (not imported): None means open to all."""
     if (path in OPEN or path in PUBLIC) and method == "GET":
         return None
-    if path.startswith("/v1/workers"):
-        return {"worker", "admin"}
+    if path.startswith("/v1/workers/") or (path == "/v1/workers" and method != "GET"):
+        return {"worker", "admin"}  # the worker protocol; the list is for operators
     if method == "GET":
         return {"reader", "admin"}
     return {"admin"}

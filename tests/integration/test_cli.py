@@ -37,6 +37,7 @@ def run(
         ("jobs", "watch"),
         ("tables", "list"),
         ("sources", "show"),
+        ("workers", "list"),
     ],
 )
 def test_every_command_has_help(args: tuple[str, ...]) -> None:

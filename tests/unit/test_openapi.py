@@ -29,6 +29,7 @@ PUBLIC_OPERATIONS = {
     ("GET", "/healthz"): "getHealth",
     ("GET", "/readyz"): "getReadiness",
     ("GET", "/metrics"): "getMetrics",
+    ("GET", "/v1/workers"): "listWorkers",
     ("POST", "/v1/tables"): "createTable",
     ("GET", "/v1/tables"): "listTables",
     ("GET", "/v1/tables/{name}"): "getTable",
@@ -72,14 +73,14 @@ def test_operation_ids_are_short_unique_and_explicit() -> None:
 
 def test_the_user_facing_operation_ids_are_the_published_ones() -> None:
     public = {
-        key: op["operationId"] for key, op in _operations().items() if not _worker_route(key[1])
+        key: op["operationId"] for key, op in _operations().items() if not _worker_route(*key)
     }
     assert public == PUBLIC_OPERATIONS
 
 
 def test_the_worker_protocol_and_only_it_is_internal() -> None:
     for (method, path), op in _operations().items():
-        is_worker_route = _worker_route(path)
+        is_worker_route = _worker_route(method, path)
         internal = "internal" in op.get("tags", []) or op.get("x-internal") is not None
         assert internal == is_worker_route, (method, path)
         if is_worker_route:
@@ -95,5 +96,6 @@ def test_every_tag_is_declared() -> None:
     assert used == set(declared) and len(declared) == len(set(declared))
 
 
-def _worker_route(path: str) -> bool:
-    return path == "/v1/workers" or path.startswith("/v1/workers/")
+def _worker_route(method: str, path: str) -> bool:
+    """The worker protocol's routes (``GET /v1/workers``, the list, is the operators')."""
+    return path.startswith("/v1/workers/") or (path == "/v1/workers" and method != "GET")
