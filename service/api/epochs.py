@@ -58,12 +58,32 @@ EpochJson = Annotated[
 ]
 """An epoch on the public API: a decimal string in JSON, an ``int`` in Python."""
 
+# at least 1, and below 10**18 (MAX_EPOCH has 19 digits; epochs reach 10**18 in the 2480s):
+# the bounds a pattern can say
+QUERY_PATTERN = r"^0*[1-9][0-9]{0,17}$"
+_QUERY_DIGITS = re.compile(QUERY_PATTERN[1:-1])
+
+
+def _parse_query(value: Any) -> Any:
+    if isinstance(value, str) and not (len(value) <= 19 and _QUERY_DIGITS.fullmatch(value)):
+        raise PydanticCustomError(
+            "epoch_format", "an epoch is a decimal string of 1 to 19 digits, from 1 to 10**18 - 1"
+        )
+    return _parse(value)
+
+
 EpochQuery = Annotated[
     int,
     Field(ge=1, le=MAX_EPOCH),
-    BeforeValidator(_parse),
+    BeforeValidator(_parse_query),
     WithJsonSchema(
-        _TEXT_SCHEMA | {"description": "a committed epoch (at least 1), as a decimal string"}
+        {
+            "type": "string",
+            "pattern": QUERY_PATTERN,
+            "maxLength": 19,
+            "description": "a committed epoch (at least 1), as a decimal string",
+            "examples": _TEXT_SCHEMA["examples"],
+        }
     ),
 ]
 """A query parameter naming an epoch: its text is parsed exactly (never as a float)."""
