@@ -58,16 +58,17 @@ EpochJson = Annotated[
 ]
 """An epoch on the public API: a decimal string in JSON, an ``int`` in Python."""
 
-# at least 1, and below 10**18 (MAX_EPOCH has 19 digits; epochs reach 10**18 in the 2480s):
-# the bounds a pattern can say
-QUERY_PATTERN = r"^0*[1-9][0-9]{0,17}$"
-_QUERY_DIGITS = re.compile(QUERY_PATTERN[1:-1])
+# a committed epoch is at least 1 and at most MAX_EPOCH (2**63 - 1, 19 digits); besides
+# the decimal text's pattern, the document says "at least 1, below 9 * 10**18": the bounds
+# a pattern can say (epochs reach 9 * 10**18 in the 6380s)
+QUERY_BOUNDS = r"^0*(?:[1-9][0-9]{0,17}|[1-8][0-9]{18})$"
+_QUERY_BOUNDS = re.compile(QUERY_BOUNDS[1:-1])
 
 
 def _parse_query(value: Any) -> Any:
-    if isinstance(value, str) and not (len(value) <= 19 and _QUERY_DIGITS.fullmatch(value)):
+    if isinstance(value, str) and _DIGITS.fullmatch(value) and not _QUERY_BOUNDS.fullmatch(value):
         raise PydanticCustomError(
-            "epoch_format", "an epoch is a decimal string of 1 to 19 digits, from 1 to 10**18 - 1"
+            "epoch_range", "an epoch parameter is at least 1 and below 9 * 10**18"
         )
     return _parse(value)
 
@@ -77,12 +78,10 @@ EpochQuery = Annotated[
     Field(ge=1, le=MAX_EPOCH),
     BeforeValidator(_parse_query),
     WithJsonSchema(
-        {
-            "type": "string",
-            "pattern": QUERY_PATTERN,
-            "maxLength": 19,
+        _TEXT_SCHEMA
+        | {
             "description": "a committed epoch (at least 1), as a decimal string",
-            "examples": _TEXT_SCHEMA["examples"],
+            "allOf": [{"pattern": QUERY_BOUNDS}],
         }
     ),
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from collections.abc import Callable
@@ -81,7 +82,6 @@ EPOCH_GONE: dict[int | str, dict[str, Any]] = {
     410: {"model": GoneResponse, "description": "The epoch was garbage-collected"}
 }
 RETRY_AFTER_S = 1
-UNAVAILABLE = "DatabaseUnavailable"  # the document's shared 503 answer
 UNAVAILABLE_DESCRIPTION = "The catalog database is unavailable (`database_unavailable`): retry"
 
 # declared on every router so the OpenAPI document shows the real error shape
@@ -195,12 +195,11 @@ def document_unavailable(app: FastAPI, without_database: frozenset[str]) -> None
         if app.openapi_schema:
             return app.openapi_schema
         doc = base()
-        doc.setdefault("components", {}).setdefault("responses", {})[UNAVAILABLE] = _UNAVAILABLE
         for operations in doc.get("paths", {}).values():
             for op in operations.values():
                 if op.get("operationId") not in without_database:
-                    ref = {"$ref": f"#/components/responses/{UNAVAILABLE}"}
-                    op["responses"].setdefault("503", ref)
+                    # a copy each: a shared object would be a YAML alias in openapi.yaml
+                    op["responses"].setdefault("503", copy.deepcopy(_UNAVAILABLE))
         return doc
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -1,48 +1,39 @@
-"""The document's ``Filter``: the shape of a job's filter, as JSON schema.
+"""A job's filter in a request: its shape, as pydantic models the document publishes.
 
-The service checks a filter's shape with ``backfill_core.view.check_filter_shape`` (its
-errors name the node: ``filter.and[1].op``); these models are that shape written for the
-OpenAPI document only, so that a generated client validates a filter as the service does
-(``tests/integration/test_generated_client.py`` holds the two to agreeing). What the
-schema cannot say: at most ``MAX_DEPTH`` levels and ``MAX_NODES`` nodes, columns of the
-upstream, values of their types; those are checked when the job is created.
+The models check what a generated client can check too (each node an object of the
+right keys, a column that can be a name); ``backfill_core.view.check_filter_shape`` then
+checks the rest of what needs no schema (the ops, non-empty lists, a value where one is
+wanted), answered as the service's ``invalid`` naming the node (``filter.and[1].op``).
+Columns of the upstream and values of their types are checked when the job is created.
+The ops are a string, not an enum, in the document: a wrong op is an ``invalid`` naming
+it, which a schema violation (a ``validation_error``) could not be.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from backfill_core.view import COMPARE_OPS, MAX_DEPTH, MAX_NODES
-from service.api.rules import ColumnRef
+from backfill_core.schema import SchemaError
+from backfill_core.view import COMPARE_OPS, MAX_DEPTH, MAX_NODES, check_filter_shape
+from service.api.rules import ColumnRef, rule_error
 
-_NODE = ConfigDict(extra="forbid", populate_by_name=True)
-NotNull = Annotated[
-    Any,
-    WithJsonSchema(
-        {
-            # not `{"not": {"type": "null"}}`: a negation costs a generator dearly
-            "type": ["string", "number", "boolean", "array", "object"],
-            "description": "a value of the column's type; no text may hold the NUL character "
-            "or a lone surrogate",
-        }
-    ),
-]
+_NODE = ConfigDict(extra="forbid", strict=True)
 
 
 class FilterAnd(BaseModel):
-    """True when every part is."""
+    """True when every part is (at least one)."""
 
     model_config = _NODE
-    and_: list[Filter] = Field(alias="and", min_length=1)
+    and_: list[Filter] = Field(alias="and")
 
 
 class FilterOr(BaseModel):
-    """True when a part is."""
+    """True when a part is (at least one)."""
 
     model_config = _NODE
-    or_: list[Filter] = Field(alias="or", min_length=1)
+    or_: list[Filter] = Field(alias="or")
 
 
 class FilterNot(BaseModel):
@@ -50,45 +41,39 @@ class FilterNot(BaseModel):
     not_: Filter = Field(alias="not")
 
 
-class FilterCompare(BaseModel):
-    """A column compared with a value of its type (as in a DML row): never true when the column is null; a jsonb column takes `=` and `!=` only."""  # noqa: E501
+class FilterLeaf(BaseModel):
+    """A column compared with a value of its type (never true when the column is null; a jsonb column takes `=` and `!=` only), `in` a non-empty list of values, or `is_null` (no value)."""  # noqa: E501
 
     model_config = _NODE
     col: ColumnRef
-    op: Literal[COMPARE_OPS]  # type: ignore[valid-type]
-    value: NotNull
-
-
-class FilterIn(BaseModel):
-    """The column's value is one of these."""
-
-    model_config = _NODE
-    col: ColumnRef
-    op: Literal["in"]
-    value: list[NotNull] = Field(min_length=1)
-
-
-class FilterIsNull(BaseModel):
-    model_config = _NODE
-    col: ColumnRef
-    op: Literal["is_null"]
-
-
-Filter = FilterAnd | FilterOr | FilterNot | FilterCompare | FilterIn | FilterIsNull
-
-
-def filter_components() -> dict[str, Any]:
-    """``Filter`` and its nodes, as component schemas of the document."""
-    schema = TypeAdapter(Filter).json_schema(ref_template="#/components/schemas/{model}")
-    schema["description"] = (
-        "A JSON expression tree over the upstream's columns, at most "
-        f"{MAX_DEPTH} levels deep and {MAX_NODES} nodes (docs/api.md#jobs)"
+    op: str = Field(
+        description=f"one of {' '.join(COMPARE_OPS)} in is_null",
+        examples=[">="],
     )
-    nodes = schema.pop("$defs")
-    for node in nodes.values():  # a part is a `Filter` (pydantic spells the union out)
-        for prop in node["properties"].values():
-            inner = prop.get("items", prop)
-            if inner.get("anyOf") == schema["anyOf"]:
-                del inner["anyOf"]
-                inner["$ref"] = "#/components/schemas/Filter"
-    return {**nodes, "Filter": schema}
+    value: Any = Field(
+        default=None,
+        description="a value of the column's type (a list for `in`; none for `is_null`)",
+    )
+
+
+Filter = FilterAnd | FilterOr | FilterNot | FilterLeaf
+
+
+def _shape(node: Any) -> dict[str, Any]:
+    tree: dict[str, Any] = node.model_dump(by_alias=True, exclude_unset=True)
+    try:
+        check_filter_shape(tree)
+    except SchemaError as e:
+        raise rule_error(e.message, e.path or None) from None
+    return tree
+
+
+FilterTree = Annotated[
+    Filter,
+    AfterValidator(_shape),
+    Field(
+        description=f"a JSON expression tree over the upstream's columns, at most {MAX_DEPTH} "
+        f"levels deep and {MAX_NODES} nodes (docs/api.md#jobs)"
+    ),
+]
+"""A job's filter, as the JSON tree it was given (a ``dict``)."""

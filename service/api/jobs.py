@@ -8,14 +8,16 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
 
 from service.api.conditional import NOT_MODIFIED, conditional
 from service.api.deps import get_ctx
 from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import EPOCH_GONE, ERROR_RESPONSES
+from service.api.filters import FilterTree
 from service.api.idempotency import IdempotencyHeader, idempotent
 from service.api.limits import MAX_INT32, STRICT, RequestBody, integer
-from service.api.rules import ColumnRef, FilterTree, Name, rule_error
+from service.api.rules import ColumnRef, Name, rule_error
 from service.catalog import idempotency, jobs
 from service.catalog import verify as verification
 from service.catalog.jobs import MAX_PARALLELISM
@@ -71,7 +73,9 @@ class UpstreamSpec(BaseModel):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> UpstreamSpec:
-        if (self.table is None) == (self.source is None):
+        if self.table is None and self.source is None:  # what the schema refuses
+            raise PydanticCustomError("missing", "give upstream.table or upstream.source")
+        if self.table is not None and self.source is not None:
             raise rule_error("give exactly one of upstream.table and upstream.source")
         return self
 
@@ -96,9 +100,7 @@ class JobCreate(RequestBody):
     columns: list[ColumnRef] | None = Field(
         default=None, max_length=1000, description="default: every column"
     )
-    filter: FilterTree | None = Field(
-        default=None, description="JSON expression tree (docs/api.md#jobs)"
-    )
+    filter: FilterTree | None = None
     backfill: Literal["arrangement", "chain", "snapshot", "source", "auto"] = "auto"
     parallelism: integer(1, MAX_PARALLELISM) = 4
     rate_limit: integer(0, MAX_INT32) | None = Field(

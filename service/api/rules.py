@@ -1,10 +1,11 @@
 """Field rules of the request models that the OpenAPI document publishes as constraints.
 
 Each rule is checked in the request model (so a bad name is refused before anything is
-read or stored) and carries its JSON schema (a pattern, an enum), so that a client
-generated from ``openapi.yaml`` validates it as the service does. A broken rule is the
-service's usual 422 ``invalid`` naming the field (``columns[0].name``), not pydantic's
-``validation_error``: ``service.api.errors`` answers an error of type ``RULE`` so.
+read or stored) and carries its JSON schema (a pattern), so that a client generated from
+``openapi.yaml`` validates it as the service does. A broken rule is the service's usual
+422 ``invalid`` naming the field (``columns[0].name``), not pydantic's
+``validation_error``: ``service.api.errors`` answers an error of type ``RULE`` so. (An
+empty name is a ``validation_error``, as any value of a length the schema refuses.)
 """
 
 from __future__ import annotations
@@ -21,14 +22,12 @@ from backfill_core.schema import (
     SchemaError,
     validate_identifier,
 )
-from backfill_core.view import check_filter_shape
 
 RULE = "invalid"  # the error type of a broken rule, and the code of its answer
 # backfill_core.schema.IDENTIFIER_RE, as a JSON schema pattern (ECMA-262: `$` is the end)
 NAME_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
 # a column of a source's rows may also be one of the added ones (`_partition`, `_offset`)
 COLUMN_REF_PATTERN = r"^_?[a-z][a-z0-9_]{0,62}$"
-TYPE_NAMES = sorted({*(t.value for t in ColumnType), *TYPE_ALIASES})
 
 
 def rule_error(message: str, field: str | None = None) -> PydanticCustomError:
@@ -63,7 +62,7 @@ def _name_schema(pattern: str, what: str) -> WithJsonSchema:
 
 Name = Annotated[
     str,
-    Field(max_length=MAX_IDENTIFIER_LEN),
+    Field(min_length=1, max_length=MAX_IDENTIFIER_LEN),
     _rule(lambda v: validate_identifier(v)),
     _name_schema(NAME_PATTERN, "a name"),
 ]
@@ -71,32 +70,11 @@ Name = Annotated[
 
 ColumnRef = Annotated[
     str,
-    Field(max_length=MAX_IDENTIFIER_LEN),
+    Field(min_length=1, max_length=MAX_IDENTIFIER_LEN),
     _rule(lambda v: validate_identifier(v, "column name", allow_internal=True)),
     _name_schema(COLUMN_REF_PATTERN, "a column of the upstream (`_partition` and `_offset` too)"),
 ]
 """A column of a job's upstream."""
 
-
-def _column_type(value: str) -> None:
-    if value not in TYPE_NAMES:
-        raise SchemaError(
-            f"unknown column type {value!r}; expected one of: {', '.join(TYPE_NAMES)}"
-        )
-
-
-ColumnTypeName = Annotated[
-    str,
-    Field(max_length=40),
-    _rule(_column_type),
-    WithJsonSchema({"type": "string", "enum": TYPE_NAMES, "examples": ["bigint"]}),
-]
-"""A column type: a name of ``backfill_core.schema.ColumnType`` or one of its aliases."""
-
-FilterTree = Annotated[
-    dict[str, Any],
-    _rule(check_filter_shape),
-    WithJsonSchema({"$ref": "#/components/schemas/Filter"}),
-]
-"""A job's filter: its shape here; its columns and values against the upstream's schema
-when the job is created. The document's ``Filter`` is ``service.api.filters``."""
+TYPE_NAMES = sorted({*(t.value for t in ColumnType), *TYPE_ALIASES})
+TYPE_DESCRIPTION = f"one of {', '.join(TYPE_NAMES)}; another is a 422 `invalid` naming the column"

@@ -14,7 +14,7 @@ from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import EPOCH_GONE, ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
 from service.api.limits import STRICT, RequestBody, integer
-from service.api.rules import ColumnTypeName, Name
+from service.api.rules import TYPE_DESCRIPTION, Name
 from service.catalog import tables
 from service.catalog.models import Relation
 from service.context import ServiceContext
@@ -32,7 +32,9 @@ WAIT_TIMEOUT_S = 30.0
 class ColumnSpec(BaseModel):
     model_config = STRICT
     name: Name
-    type: ColumnTypeName
+    type: str = Field(
+        min_length=1, max_length=40, description=TYPE_DESCRIPTION, examples=["bigint"]
+    )
     nullable: bool = True
 
 
