@@ -68,8 +68,7 @@ chaos: $(STAMP)
 	$(BIN)/python -m tests.kit.chaos --minutes $(MINUTES)
 
 # the OpenAPI contract under schemathesis with every check (tests/integration/test_contract.py,
-# which CI runs with 8 examples an operation), with FUZZ_EXAMPLES and the coverage phase of
-# every operation; FUZZ_SEED picks another run
+# which CI runs with 8 examples an operation) with FUZZ_EXAMPLES; FUZZ_SEED picks another run
 FUZZ_EXAMPLES ?= 200
 FUZZ_SEED     ?= 20261127
 fuzz: $(STAMP)

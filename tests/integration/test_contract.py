@@ -86,7 +86,6 @@ STATE_DEPENDENT = {
     "readTableRows": ["400"],
 }
 EXAMPLES = int(os.environ.get("CONTRACT_EXAMPLES", "8"))
-LONG_RUN = EXAMPLES > 8  # `make fuzz`
 RANDOM_SEED = int(os.environ.get("CONTRACT_SEED", "20261127"))
 SEED = {
     "name": "seed",
@@ -166,13 +165,6 @@ CONFIG = SchemathesisConfig.from_dict(
             ),
             # the worker protocol's requests are the workers' (backfill_core.protocol)
             {"include-tag": "internal", "checks": {"positive_data_acceptance": {"enabled": False}}},
-            # the coverage cases of the recursive filter take a minute to build: in the
-            # longer run only (the examples and generated cases cover it here)
-            *(
-                [{"include-operation-id": "createJob", "phases": {"coverage": {"enabled": False}}}]
-                if not LONG_RUN
-                else []
-            ),
         ],
         "suppress-health-check": ["all"],
     }
