@@ -9,7 +9,7 @@ CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT      := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: install chromium demo test test-fast lint fmt typecheck openapi bench chaos mutation serve clean
+.PHONY: install chromium demo test test-fast lint fmt typecheck openapi bench chaos fuzz mutation serve clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required by Spark (install openjdk-17-jre-headless)"; exit 1; }
@@ -66,6 +66,13 @@ bench: $(STAMP)
 MINUTES ?= 10
 chaos: $(STAMP)
 	$(BIN)/python -m tests.kit.chaos --minutes $(MINUTES)
+
+# the OpenAPI contract under schemathesis with every check (tests/integration/test_contract.py,
+# which CI runs with 8 examples an operation) with FUZZ_EXAMPLES; FUZZ_SEED picks another run
+FUZZ_EXAMPLES ?= 200
+FUZZ_SEED     ?= 20261127
+fuzz: $(STAMP)
+	CONTRACT_EXAMPLES=$(FUZZ_EXAMPLES) CONTRACT_SEED=$(FUZZ_SEED) $(BIN)/python -m pytest tests/integration/test_contract.py $(PYTEST_TMP) -q
 
 # mutation score (not part of `make test`): mutmut mutates backfill_core/executors/ and
 # vnode.py and runs the unit and property tests that reach each mutant; MUTATION_SET=commit

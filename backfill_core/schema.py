@@ -119,7 +119,7 @@ def validate_identifier(name: object, what: str = "name", *, allow_internal: boo
     if not isinstance(name, str):
         raise SchemaError(f"{what} must be a string")
     candidate = name[1:] if allow_internal and name.startswith("_") else name
-    if not IDENTIFIER_RE.match(candidate) or len(name) > MAX_IDENTIFIER_LEN:
+    if not IDENTIFIER_RE.fullmatch(candidate) or len(name) > MAX_IDENTIFIER_LEN:
         raise SchemaError(
             f"invalid {what} {name!r}: use 1 to {MAX_IDENTIFIER_LEN} characters, "
             "a lower-case letter first, then lower-case letters, digits or '_'"

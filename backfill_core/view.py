@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backfill_core.changes import Op, Row, RowChange
-from backfill_core.schema import ColumnType, SchemaError, TableSchema, coerce_value
+from backfill_core.schema import ColumnType, SchemaError, TableSchema, coerce_value, is_identifier
 
 Predicate = Callable[[Row], bool]
 COMPARE_OPS = ("=", "!=", "<", "<=", ">", ">=")
@@ -29,6 +29,17 @@ MAX_NODES = 1000
 
 def compile_filter(expr: Any, schema: TableSchema) -> Predicate:
     """Validate ``expr`` against ``schema``; raise SchemaError naming the bad part."""
+    return _compile(expr, schema)
+
+
+def check_filter_shape(expr: Any) -> None:
+    """Validate what of ``expr`` does not depend on a schema (the nodes, their keys, the
+    ops, a value given where one is wanted); raise SchemaError naming the bad part. The
+    API checks this much when it parses a request (``service.api.rules``)."""
+    _compile(expr, None)
+
+
+def _compile(expr: Any, schema: TableSchema | None) -> Predicate:
     count = [0]
 
     def build(e: Any, path: str, depth: int) -> Predicate:
@@ -55,15 +66,17 @@ def compile_filter(expr: Any, schema: TableSchema) -> Predicate:
     return build(expr, "filter", 0)
 
 
-def _leaf(e: Mapping[str, Any], schema: TableSchema, path: str) -> Predicate:
+def _leaf(e: Mapping[str, Any], schema: TableSchema | None, path: str) -> Predicate:
     extra = set(e) - {"col", "op", "value"}
     if extra:
         raise SchemaError(f"unknown key(s) {sorted(extra)} in a comparison", path)
     col, op = e.get("col"), e.get("op")
-    if not isinstance(col, str) or not schema.has(col):
+    known = schema.has(col) if schema is not None and isinstance(col, str) else None
+    if not is_identifier(col, allow_internal=True) or known is False:
         raise SchemaError(f"unknown column {col!r}", f"{path}.col")
-    i = schema.index_of(col)
-    t = schema.column(col).type
+    assert isinstance(col, str)
+    i = schema.index_of(col) if schema is not None else 0
+    t = schema.column(col).type if schema is not None else None
     if op == "is_null":
         if "value" in e:
             raise SchemaError('"is_null" takes no value', path)
@@ -79,16 +92,18 @@ def _leaf(e: Mapping[str, Any], schema: TableSchema, path: str) -> Predicate:
             f"unknown op {op!r}; expected one of {', '.join(COMPARE_OPS)}, in, is_null",
             f"{path}.op",
         )
-    if t in (ColumnType.JSONB,) and op not in ("=", "!="):
+    if t is ColumnType.JSONB and op not in ("=", "!="):
         raise SchemaError("jsonb columns only compare with = and !=", f"{path}.op")
     c = _const(t, e.get("value"), f"{path}.value")
     cmp = COMPARE[op]
     return lambda r: r[i] is not None and cmp(r[i], c)
 
 
-def _const(t: ColumnType, v: Any, path: str) -> Any:
+def _const(t: ColumnType | None, v: Any, path: str) -> Any:
     if v is None:
         raise SchemaError("compare with null using is_null", path)
+    if t is None:  # no schema: any other value may be right
+        return v
     try:
         return coerce_value(t, v)
     except SchemaError as err:

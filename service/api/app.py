@@ -24,8 +24,9 @@ from service.api import (
     workers,
 )
 from service.api.auth import BearerAuth, configured_tokens, document_security
-from service.api.bodies import document_raw_bodies
-from service.api.errors import install_error_handlers
+from service.api.bodies import document_components, document_raw_bodies
+from service.api.errors import document_unavailable, install_error_handlers
+from service.api.event_schemas import event_components
 from service.api.limits import BodySizeLimit
 from service.api.request_ids import RequestIds
 from service.catalog.tokens import EMBEDDED_WORKER, TokenAuthority
@@ -116,6 +117,10 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     app.include_router(metrics.router)
     app.include_router(dashboard.router)
     document_raw_bodies(app, workers.RAW_BODY_MODELS)
+    document_components(app, event_components)
+    # every operation reads the catalog but the liveness probe (and the readiness
+    # probe's 503 is its own)
+    document_unavailable(app, frozenset({"getHealth", "getReadiness"}))
     return app
 
 

@@ -81,6 +81,21 @@ def raw_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
 
 def document_raw_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:
     """Add ``models`` (and the models they use) to the document's component schemas."""
+
+    def components() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for model in models:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            out.update(schema.pop("$defs", {}))
+            out[model.__name__] = schema
+        return out
+
+    document_components(app, components)
+
+
+def document_components(app: FastAPI, components: Callable[[], dict[str, Any]]) -> None:
+    """Add the schemas ``components()`` names to the document's component schemas (one
+    already there is kept)."""
     base: Callable[[], dict[str, Any]] = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -88,12 +103,10 @@ def document_raw_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:
             return app.openapi_schema
         doc = base()
         schemas = doc.setdefault("components", {}).setdefault("schemas", {})
-        for model in models:
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            for name, sub in [*schema.pop("$defs", {}).items(), (model.__name__, schema)]:
-                # as FastAPI renders its own: through the document's model, no nulls
-                rendered = jsonable_encoder(Schema(**sub), by_alias=True, exclude_none=True)
-                schemas.setdefault(name, rendered)
+        for name, sub in components().items():
+            # as FastAPI renders its own: through the document's model, no nulls
+            rendered = jsonable_encoder(Schema(**sub), by_alias=True, exclude_none=True)
+            schemas.setdefault(name, rendered)
         doc["components"]["schemas"] = dict(sorted(schemas.items()))
         return doc
 

@@ -58,12 +58,31 @@ EpochJson = Annotated[
 ]
 """An epoch on the public API: a decimal string in JSON, an ``int`` in Python."""
 
+# a committed epoch is at least 1 and at most MAX_EPOCH (2**63 - 1, 19 digits); besides
+# the decimal text's pattern, the document says "at least 1, below 9 * 10**18": the bounds
+# a pattern can say (epochs reach 9 * 10**18 in the 6380s)
+QUERY_BOUNDS = r"^0*(?:[1-9][0-9]{0,17}|[1-8][0-9]{18})$"
+_QUERY_BOUNDS = re.compile(QUERY_BOUNDS[1:-1])
+
+
+def _parse_query(value: Any) -> Any:
+    if isinstance(value, str) and _DIGITS.fullmatch(value) and not _QUERY_BOUNDS.fullmatch(value):
+        raise PydanticCustomError(
+            "epoch_range", "an epoch parameter is at least 1 and below 9 * 10**18"
+        )
+    return _parse(value)
+
+
 EpochQuery = Annotated[
     int,
     Field(ge=1, le=MAX_EPOCH),
-    BeforeValidator(_parse),
+    BeforeValidator(_parse_query),
     WithJsonSchema(
-        _TEXT_SCHEMA | {"description": "a committed epoch (at least 1), as a decimal string"}
+        _TEXT_SCHEMA
+        | {
+            "description": "a committed epoch (at least 1), as a decimal string",
+            "allOf": [{"pattern": QUERY_BOUNDS}],
+        }
     ),
 ]
 """A query parameter naming an epoch: its text is parsed exactly (never as a float)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal
 
 import psycopg2
 import psycopg2.extensions
@@ -12,11 +14,15 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, Field
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from backfill_core.protocol import ErrorBody as ProtocolErrorBody
+from service.api.epochs import EpochJson
+from service.api.rules import RULE
 from service.errors import ServiceError
 
 log = logging.getLogger(__name__)
@@ -57,6 +63,26 @@ def service_error_response(exc: ServiceError) -> JSONResponse:
         log.error("service error: %s", exc.message)
     return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
 
+
+class GoneDetails(BaseModel):
+    oldest_readable_epoch: EpochJson = Field(description="read at this epoch or later")
+
+
+class GoneBody(ErrorBody):
+    code: Literal["gone"]
+    details: GoneDetails
+
+
+class GoneResponse(BaseModel):
+    error: GoneBody
+
+
+# a read at an epoch (`?epoch=`) whose versions were garbage-collected
+EPOCH_GONE: dict[int | str, dict[str, Any]] = {
+    410: {"model": GoneResponse, "description": "The epoch was garbage-collected"}
+}
+RETRY_AFTER_S = 1
+UNAVAILABLE_DESCRIPTION = "The catalog database is unavailable (`database_unavailable`): retry"
 
 # declared on every router so the OpenAPI document shows the real error shape
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -99,6 +125,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        if exc.errors() and all(e.get("type") == RULE for e in exc.errors()):
+            return _broken_rule(exc.errors()[0])
         errors = [
             {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
             for e in exc.errors()
@@ -112,9 +140,12 @@ def install_error_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "error")
-        return error_response(exc.status_code, code, str(exc.detail), headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:  # the router names one route's methods: name the path's
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(app, request))}
+        return error_response(exc.status_code, code, str(exc.detail), headers=headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -124,7 +155,63 @@ def install_error_handlers(app: FastAPI) -> None:
                 503,
                 "database_unavailable",
                 "the catalog database is unavailable; retry shortly",
-                headers={"Retry-After": "1"},
+                headers={"Retry-After": str(RETRY_AFTER_S)},
             )
         log.exception("unhandled error")
         return error_response(500, "internal", "internal error", {"type": type(exc).__name__})
+
+
+def _broken_rule(error: Any) -> JSONResponse:
+    """A request model's rule (``service.api.rules``), answered as the service's own
+    checks answer: 422 ``invalid`` naming the field."""
+    ctx = error.get("ctx") or {}
+    field = ctx.get("field") or _field_path(error.get("loc", ()))
+    return error_response(422, RULE, ctx.get("message") or error.get("msg", ""), {"field": field})
+
+
+def _field_path(loc: Any) -> str:
+    """``("body", "columns", 0, "name")`` as ``columns[0].name``."""
+    out = ""
+    for part in list(loc)[1:]:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def allowed_methods(app: FastAPI, request: Request) -> list[str]:
+    """The methods the routes of the request's path take (those of the document)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods
+    return sorted(methods)
+
+
+def document_unavailable(app: FastAPI, without_database: frozenset[str]) -> None:
+    """Every operation but those of ``without_database`` (operation ids) may answer 503
+    ``database_unavailable`` with ``Retry-After``: say so in the document."""
+    base: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        doc = base()
+        for operations in doc.get("paths", {}).values():
+            for op in operations.values():
+                if op.get("operationId") not in without_database:
+                    # a copy each: a shared object would be a YAML alias in openapi.yaml
+                    op["responses"].setdefault("503", copy.deepcopy(_UNAVAILABLE))
+        return doc
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+_UNAVAILABLE = {
+    "description": UNAVAILABLE_DESCRIPTION,
+    "headers": {
+        "Retry-After": {
+            "description": "seconds to wait before a retry",
+            "schema": {"type": "integer", "minimum": 0},
+        }
+    },
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+}

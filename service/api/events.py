@@ -16,10 +16,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
+from pydantic import WithJsonSchema
 
 from service.api.deps import get_ctx
 from service.api.epochs import epochs_as_text
 from service.api.errors import ERROR_RESPONSES
+from service.api.event_schemas import EVENT_SCHEMA
 from service.catalog import events
 from service.context import ServiceContext
 from service.errors import BadRequest
@@ -33,8 +35,9 @@ KEEPALIVE_S = 15.0
 SSE_RESPONSE = {
     200: {
         "description": "a text/event-stream of events: `id`, `event` (the kind), `data` "
-        "(JSON; epochs as decimal strings)",
-        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "(JSON; epochs as decimal strings). The schema is one event's: a branch per kind, "
+        "its `data` the JSON of the kind's model (`JobCreatedEvent`, `PausedEvent`, ...)",
+        "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},
     }
 }
 
@@ -97,7 +100,11 @@ class StreamFrom:
 def stream_from(
     after: Annotated[int | None, Query(ge=0, description="start after this event id")] = None,
     follow: Annotated[bool, Query(description="keep the stream open for new events")] = True,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(description="an event id: resume after it (wins over `after`)"),
+        WithJsonSchema({"type": "string", "pattern": "^[0-9]{1,18}$"}),
+    ] = None,
 ) -> StreamFrom:
     return StreamFrom(_start(after, last_event_id), follow)
 

@@ -6,19 +6,23 @@ import datetime as dt
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic_core import PydanticCustomError
 
 from service.api.conditional import NOT_MODIFIED, conditional
 from service.api.deps import get_ctx
 from service.api.epochs import EpochJson, EpochQuery
-from service.api.errors import ERROR_RESPONSES
+from service.api.errors import EPOCH_GONE, ERROR_RESPONSES
+from service.api.filters import FilterTree
 from service.api.idempotency import IdempotencyHeader, idempotent
-from service.api.limits import MAX_INT32, STRICT, RequestBody
+from service.api.limits import MAX_INT32, STRICT, RequestBody, integer
+from service.api.rules import ColumnRef, Name, rule_error
 from service.catalog import idempotency
 from service.catalog.models import Job
 from service.context import ServiceContext
 from service.usecases import jobs, steering
 from service.usecases import verify as verification
+from service.usecases.jobs import MAX_PARALLELISM
 from service.usecases.progress import RECENT_RECOVERIES, job_progress
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
@@ -33,8 +37,45 @@ class Upstream(BaseModel):
     source: str | None = Field(default=None, max_length=63, description="a Kafka source")
 
     @model_serializer(mode="wrap")
-    def _only_the_one_given(self, handler: Any) -> Any:
+    def _only_the_one_given(self, handler: Any) -> dict[str, str]:
         return {k: v for k, v in handler(self).items() if v is not None}
+
+
+def _one_of_table_and_source(schema: dict[str, Any]) -> None:
+    """The document's ``UpstreamSpec``: a branch per kind of upstream, the other null or
+    left out (one object whose two fields are optional would allow both, or none)."""
+    props = schema.pop("properties")
+    schema.pop("additionalProperties", None)
+    schema["oneOf"] = [
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": [key],
+            "properties": {
+                key: {**props[key]["anyOf"][0], "description": props[key]["description"]},
+                other: {"type": "null"},
+            },
+        }
+        for key, other in (("table", "source"), ("source", "table"))
+    ]
+
+
+class UpstreamSpec(BaseModel):
+    """Exactly one of a table (or view) and a Kafka source."""
+
+    model_config = ConfigDict(
+        strict=True, extra="forbid", json_schema_extra=_one_of_table_and_source
+    )
+    table: Name | None = Field(default=None, description="a table or a view")
+    source: Name | None = Field(default=None, description="a Kafka source")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> UpstreamSpec:
+        if self.table is None and self.source is None:  # what the schema refuses
+            raise PydanticCustomError("missing", "give upstream.table or upstream.source")
+        if self.table is not None and self.source is not None:
+            raise rule_error("give exactly one of upstream.table and upstream.source")
+        return self
 
 
 class JobCreate(RequestBody):
@@ -52,25 +93,23 @@ class JobCreate(RequestBody):
             ]
         }
     )
-    name: str = Field(max_length=63, examples=["big_orders"])
-    upstream: Upstream
-    columns: list[Annotated[str, Field(max_length=63)]] | None = Field(
+    name: Name = Field(examples=["big_orders"])
+    upstream: UpstreamSpec
+    columns: list[ColumnRef] | None = Field(
         default=None, max_length=1000, description="default: every column"
     )
-    filter: dict[str, Any] | None = Field(
-        default=None, description="JSON expression tree (see README)"
-    )
+    filter: FilterTree | None = None
     backfill: Literal["arrangement", "chain", "snapshot", "source", "auto"] = "auto"
-    parallelism: int = Field(default=4, ge=1, le=256)
-    rate_limit: int | None = Field(
-        default=None, ge=0, le=MAX_INT32, description="rows/s per actor; null: none, 0: paused"
+    parallelism: integer(1, MAX_PARALLELISM) = 4
+    rate_limit: integer(0, MAX_INT32) | None = Field(
+        default=None, description="rows/s per actor; null: none, 0: paused"
     )
     background: bool = Field(default=True, description="false: answer once the job is created")
 
 
 class JobPatch(RequestBody):
-    rate_limit: int | None = Field(default=None, ge=0, le=MAX_INT32)
-    parallelism: int | None = Field(default=None, ge=1, le=256)
+    rate_limit: integer(0, MAX_INT32) | None = None
+    parallelism: integer(1, MAX_PARALLELISM) | None = None
 
 
 class JobView(BaseModel):
@@ -325,7 +364,12 @@ def drop_job(job_id: int, ctx: Ctx) -> Response:
     return Response(status_code=204)
 
 
-@router.get("/{job_id}/verify", response_model=Verification, operation_id="verifyJob")
+@router.get(
+    "/{job_id}/verify",
+    response_model=Verification,
+    responses=EPOCH_GONE,
+    operation_id="verifyJob",
+)
 def verify(
     job_id: int,
     ctx: Ctx,

@@ -10,9 +10,10 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
+from pydantic_core import PydanticCustomError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.api.errors import service_error_response
@@ -20,6 +21,9 @@ from service.errors import BadRequest, PayloadTooLarge, ServiceError
 
 MAX_INT32 = 2**31 - 1  # rate limits and the like are Postgres integers
 MAX_BIGINT = 2**63 - 1  # epochs and offsets
+# the error type of text Postgres cannot store: refused in any value of any body, which
+# a JSON schema of free-form values (a DML row, a filter's value) does not say
+UNSTORABLE_TEXT = "unstorable_text"
 # validation context of a body whose raw bytes showed no escape of such text
 # (``service.api.bodies``): the check of the parsed data is skipped
 TEXT_CHECKED = {"text_checked": True}
@@ -64,6 +68,17 @@ def check_text(data: Any) -> None:
 STRICT = ConfigDict(extra="forbid", strict=True)
 
 
+def _integral(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def integer(ge: int, le: int) -> Any:
+    """An integer of a request body in ``ge..le``, as JSON Schema reads one: ``4.0`` is 4
+    (a strict ``int`` would refuse it, and a client or a generator may well send it). The
+    bounds go with the type: on the field, beside a validator, they leave the schema."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integral)]
+
+
 class RequestBody(BaseModel):
     model_config = STRICT
 
@@ -71,7 +86,12 @@ class RequestBody(BaseModel):
     @classmethod
     def _storable_text(cls, data: Any, info: ValidationInfo) -> Any:
         if not (info.context or {}).get("text_checked"):
-            check_text(data)
+            try:
+                check_text(data)
+            except ValueError as e:
+                raise PydanticCustomError(
+                    UNSTORABLE_TEXT, "{message}", {"message": str(e)}
+                ) from None
         return data
 
 

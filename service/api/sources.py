@@ -12,8 +12,9 @@ from backfill_core.schema import Column, SchemaError, parse_type
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
-from service.api.limits import MAX_INT32, STRICT, RequestBody
-from service.api.tables import ColumnSpec
+from service.api.limits import MAX_INT32, STRICT, RequestBody, integer
+from service.api.rules import Name
+from service.api.tables import ColumnSpec, ColumnView
 from service.catalog.models import Source
 from service.context import ServiceContext
 from service.errors import Invalid
@@ -49,7 +50,7 @@ class SourceCreate(RequestBody):
             ]
         }
     )
-    name: str = Field(max_length=63, examples=["orders_events"])
+    name: Name = Field(examples=["orders_events"])
     kafka: KafkaSettings
     format: Literal["json"] = "json"
     columns: list[ColumnSpec] = Field(
@@ -58,10 +59,8 @@ class SourceCreate(RequestBody):
         description="fields of each message's JSON object; `_partition` and `_offset` are "
         "added and form the key",
     )
-    rate_limit: int | None = Field(
+    rate_limit: integer(0, MAX_INT32) | None = Field(
         default=None,
-        ge=0,
-        le=MAX_INT32,
         description="messages/s the shared source reads; null: no limit",
     )
 
@@ -70,7 +69,7 @@ class SourceView(BaseModel):
     name: str
     kafka: KafkaSettings
     format: Literal["json"]
-    columns: list[ColumnSpec]
+    columns: list[ColumnView]
     primary_key: list[str]
     rate_limit: int | None
     start_offsets: dict[str, int] = Field(
@@ -88,7 +87,7 @@ def _view(src: Source) -> SourceView:
         name=src.name,
         kafka=KafkaSettings(**src.kafka),
         format="json",
-        columns=[ColumnSpec(**c) for c in src.schema["columns"]],
+        columns=[ColumnView(**c) for c in src.schema["columns"]],
         primary_key=src.schema["primary_key"],
         rate_limit=src.rate_limit,
         start_offsets={k: int(v) for k, v in src.start_offsets.items()},

@@ -8,12 +8,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from backfill_core.schema import Column, SchemaError, TableSchema, parse_type
+from backfill_core.schema import MAX_VNODE_COUNT, Column, SchemaError, TableSchema, parse_type
 from service.api.deps import get_ctx
 from service.api.epochs import EpochJson, EpochQuery
-from service.api.errors import ERROR_RESPONSES
+from service.api.errors import EPOCH_GONE, ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
-from service.api.limits import STRICT, RequestBody
+from service.api.limits import STRICT, RequestBody, integer
+from service.api.rules import TYPE_DESCRIPTION, Name
 from service.catalog.models import Relation
 from service.context import ServiceContext
 from service.errors import Invalid
@@ -29,9 +30,17 @@ WAIT_TIMEOUT_S = 30.0
 
 class ColumnSpec(BaseModel):
     model_config = STRICT
-    name: str = Field(max_length=63)
-    type: str = Field(max_length=40, examples=["bigint"])
+    name: Name
+    type: str = Field(
+        min_length=1, max_length=40, description=TYPE_DESCRIPTION, examples=["bigint"]
+    )
     nullable: bool = True
+
+
+class ColumnView(BaseModel):
+    name: str
+    type: str = Field(examples=["bigint"])
+    nullable: bool
 
 
 class TableCreate(RequestBody):
@@ -50,17 +59,17 @@ class TableCreate(RequestBody):
             ]
         }
     )
-    name: str = Field(max_length=63, examples=["orders"])
+    name: Name = Field(examples=["orders"])
     columns: list[ColumnSpec] = Field(min_length=1, max_length=1000)
-    primary_key: list[str] = Field(min_length=1, max_length=32)
-    distribution_key: list[str] | None = Field(default=None, min_length=1, max_length=32)
-    vnode_count: int | None = Field(default=None, ge=1, le=32768)
+    primary_key: list[Name] = Field(min_length=1, max_length=32)
+    distribution_key: list[Name] | None = Field(default=None, min_length=1, max_length=32)
+    vnode_count: integer(1, MAX_VNODE_COUNT) | None = None
 
 
 class TableView(BaseModel):
     name: str
     kind: Literal["table", "mv"]
-    columns: list[ColumnSpec]
+    columns: list[ColumnView]
     primary_key: list[str]
     distribution_key: list[str]
     vnode_count: int
@@ -74,7 +83,10 @@ class TableList(BaseModel):
 class DmlOpSpec(BaseModel):
     model_config = STRICT
     op: Literal["insert", "update", "delete"]
-    row: dict[str, Any]
+    row: dict[str, Any] = Field(
+        description="column -> value (as its type takes JSON: README); no text anywhere may "
+        "hold the NUL character or a lone surrogate"
+    )
 
 
 class DmlRequest(RequestBody):
@@ -111,7 +123,7 @@ def _view(rel: Relation) -> TableView:
     return TableView(
         name=rel.name,
         kind=rel.kind,  # type: ignore[arg-type]
-        columns=[ColumnSpec(**c) for c in s["columns"]],
+        columns=[ColumnView(**c) for c in s["columns"]],
         primary_key=s["primary_key"],
         distribution_key=s["distribution_key"],
         vnode_count=s["vnode_count"],
@@ -187,7 +199,7 @@ def apply_dml(
 @router.get(
     "/{name}/rows",
     response_model=RowsPage,
-    responses={410: ERROR_RESPONSES[404] | {"description": "Epoch garbage-collected"}},
+    responses=EPOCH_GONE,
     operation_id="readTableRows",
 )
 def read_rows(

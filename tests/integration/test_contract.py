@@ -1,25 +1,39 @@
-"""The committed ``openapi.yaml`` against the service, with schemathesis.
+"""The committed ``openapi.yaml`` against the service, with schemathesis and every check.
 
 The app runs on a real uvicorn server over a real Postgres (and a Kafka-protocol broker
-for sources), seeded with a table with rows, a job and a source. For every operation
-schemathesis sends the schema's examples (the create examples succeed: `orders`, then
-`big_orders` on it, then `orders_events`), its coverage cases (boundaries, missing and
-wrong-typed values, other methods) and a few generated ones, valid and not, and checks
-that no answer is a 5xx and that every answer is documented: its status, its content
-type, its body's schema.
+for sources), seeded with a table with rows, a job and a source, with auth on. For every
+operation schemathesis sends the schema's examples (the create examples succeed:
+`orders`, then `big_orders` on it, then `orders_events`), its coverage cases
+(boundaries, missing and wrong-typed values, other methods) and generated ones, valid
+and not; then the stateful phase chains operations through the document's links. Every
+check is on (``CHECKS``): no 5xx; every answer documented (status, content type, headers,
+schema, the event streams' events too); 405 with an ``Allow`` of the documented methods;
+requests the schema calls invalid refused and the ones it calls valid accepted; auth
+enforced; a deleted resource gone and a created one there.
+
+What a request's schema cannot say, the checks are told (``STATE_DEPENDENT``): a valid
+request may still name columns its table does not have (a 422 ``invalid`` of the
+service's own checks), or pass a cursor no page gave (400); never a 422
+``validation_error``, which would mean the document is looser than the request models
+(``valid_data_passes_validation``), but for the NUL character or a lone surrogate in a
+free-form value (a DML row, a filter's value), which no body may carry. The worker protocol (internal, its requests are
+the workers' own) is held to every check but that one, and its long poll is left out.
 
 Every request carries the admin token (it may do everything); the role matrix is
-``test_auth.py``'s. Left out: the event streams and the workers' long poll (they wait by design). Requests
-that would wait are made not to: `?wait=true` on DML and foreground job creates.
+``test_auth.py``'s. Requests that would wait are made not to: `?wait=true` on DML,
+foreground job creates, following event streams. ``make fuzz`` runs the same with many
+more examples (``CONTRACT_EXAMPLES``, ``CONTRACT_SEED``).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import psycopg2
 import pytest
 import schemathesis
@@ -27,6 +41,7 @@ from schemathesis.config import SchemathesisConfig
 from sqlalchemy.engine import make_url
 
 from service import migrate
+from service.api.limits import UNSTORABLE_TEXT
 from service.db import Database
 from service.embedded_pg import to_libpq_url
 from service.settings import Settings
@@ -38,17 +53,40 @@ from tests.kit.live import live_server
 pytestmark = pytest.mark.kafka
 
 ROOT = Path(__file__).resolve().parents[2]
-EXCLUDED = {
-    ("GET", "/v1/events"),  # server-sent event streams
-    ("GET", "/v1/jobs/{job_id}/events"),
-    ("GET", "/v1/workers/{worker_id}/barriers"),  # the long poll
-}
+EXCLUDED = {("GET", "/v1/workers/{worker_id}/barriers")}  # the long poll: it waits
+# every check schemathesis has (`--checks all`)
 CHECKS = [
     "not_a_server_error",
     "status_code_conformance",
     "content_type_conformance",
+    "response_headers_conformance",
     "response_schema_conformance",
+    "positive_data_acceptance",
+    "negative_data_rejection",
+    "missing_required_header",
+    "unsupported_method",
+    "allow_header_conformance",
+    "ignored_auth",
+    "use_after_free",
+    "ensure_resource_availability",
+    "object_level_authorization",
 ]
+# a request the schema calls valid is accepted, or refused for the state it meets: no
+# such resource (404), a conflict (409), read at a collected epoch (410)
+ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "410", "429", "5xx"]
+# ... or for what the document cannot know: the columns of the table the request names
+# (a DML row's, a job's columns and filter, a key's), the parallelism its vnodes allow,
+# a reachable Kafka topic; a cursor (`after`) is opaque, like an id
+STATE_DEPENDENT = {
+    "createTable": ["422"],
+    "createJob": ["422"],
+    "updateJob": ["422"],
+    "createSource": ["422"],
+    "applyTableDml": ["422"],
+    "readTableRows": ["400"],
+}
+EXAMPLES = int(os.environ.get("CONTRACT_EXAMPLES", "8"))
+RANDOM_SEED = int(os.environ.get("CONTRACT_SEED", "20261127"))
 SEED = {
     "name": "seed",
     "columns": [
@@ -111,9 +149,23 @@ def base_url(contract_db: Database, broker: MockKafka) -> Iterator[str]:
 CONFIG = SchemathesisConfig.from_dict(
     {
         "request-timeout": 20,
-        "generation": {"mode": "all", "max-examples": 8},
-        "phases": {"stateful": {"enabled": False}},
-        "checks": {"enabled": False, **{name: {"enabled": True} for name in CHECKS}},
+        "seed": RANDOM_SEED,
+        "generation": {"mode": "all", "max-examples": EXAMPLES},
+        "checks": {
+            **{name: {"enabled": True} for name in CHECKS},
+            "positive_data_acceptance": {"expected-statuses": ACCEPTED},
+        },
+        "operations": [
+            *(
+                {
+                    "include-operation-id": op,
+                    "checks": {"positive_data_acceptance": {"expected-statuses": ACCEPTED + extra}},
+                }
+                for op, extra in STATE_DEPENDENT.items()
+            ),
+            # the worker protocol's requests are the workers' (backfill_core.protocol)
+            {"include-tag": "internal", "checks": {"positive_data_acceptance": {"enabled": False}}},
+        ],
         "suppress-health-check": ["all"],
     }
 )
@@ -124,20 +176,80 @@ for _method, _path in EXCLUDED:
     schema = schema.exclude(method=_method, path=_path)
 
 
+def valid_data_passes_validation(ctx: Any, response: Any, case: Any) -> bool | None:
+    """A request the schema calls valid is never refused by the request models: a
+    `validation_error` (or `malformed_json`) means the document is looser than them."""
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive or response.status_code < 400:
+        return None
+    if case.operation.tags and "internal" in case.operation.tags:
+        return None
+    try:
+        error = response.json()["error"]
+        code = error["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if code == "validation_error" and {d["type"] for d in error["details"]} == {UNSTORABLE_TEXT}:
+        return None  # a NUL or a lone surrogate in a free-form value (limits.RequestBody)
+    if code in ("validation_error", "malformed_json"):
+        raise AssertionError(f"a schema-valid request was refused as {code}: {response.text}")
+    return None
+
+
 @schema.parametrize()
 def test_the_service_keeps_its_contract(case: Any, base_url: str, broker: MockKafka) -> None:
+    _prepare(case, broker)
+    case.call_and_validate(
+        base_url=base_url,
+        headers=auth_header("admin"),
+        additional_checks=[valid_data_passes_validation],
+    )
+
+
+def test_the_service_keeps_its_contract_across_calls(base_url: str, broker: MockKafka) -> None:
+    """The stateful phase: operations chained by the document's links (a created table
+    read, dropped, then read again), with every check."""
+
+    class Workflow(schema.as_state_machine()):  # type: ignore[misc]
+        def before_call(self, case: Any) -> None:
+            _prepare(case, broker)
+
+        def get_call_kwargs(self, case: Any) -> dict[str, Any]:
+            return {"base_url": base_url, "headers": auth_header("admin")}
+
+        def validate_response(self, response: Any, case: Any, **kwargs: Any) -> None:
+            super().validate_response(
+                response, case, additional_checks=[valid_data_passes_validation], **kwargs
+            )
+
+    Workflow.run(
+        settings=hypothesis.settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=6,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(hypothesis.HealthCheck),
+        )
+    )
+
+
+def _prepare(case: Any, broker: MockKafka) -> None:
     _nothing_that_waits(case)
     if case.path == "/v1/sources" and case.method == "POST" and isinstance(case.body, dict):
         kafka = case.body.get("kafka")
         if isinstance(kafka, dict) and isinstance(kafka.get("bootstrap_servers"), str):
             # the real broker: an address that does not answer costs a 5 s timeout
             kafka["bootstrap_servers"] = broker.bootstrap
-    case.call_and_validate(base_url=base_url, headers=auth_header("admin"))
 
 
 def _nothing_that_waits(case: Any) -> None:
     if case.query and str(case.query.get("wait")).lower() in ("true", "1", "yes", "on"):
         case.query["wait"] = "false"  # waits for a commit (up to 30 s)
+    if case.path.endswith("/events") and case.method == "GET":
+        query = case.query if isinstance(case.query, dict) else {}
+        if str(query.get("follow", "true")).lower() in ("true", "1", "yes", "on"):
+            case.query = {**query, "follow": "false"}  # a followed stream never ends
     body = case.body if case.path == "/v1/jobs" else None
     if isinstance(body, dict) and body.get("background") is False:
         body["background"] = True  # waits for the backfill (up to 600 s)
