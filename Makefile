@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required by Spark (install openjdk-17-jre-headless)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from service import heap
 from service.cli_operator import add_operator_commands
+from service.embedded_pg import MISSING_PGSERVER, embedded_available
 from service.logs import LogSettingsError, configure_logging_from_env
 from service.settings import SettingsError, load_settings
 from spark_workers.settings import WorkerSettings, WorkerSettingsError, load_worker_settings
@@ -20,9 +21,28 @@ from spark_workers.settings import WorkerSettings, WorkerSettingsError, load_wor
 
 def _settings_or_exit(**overrides: object):  # type: ignore[no-untyped-def]
     try:
-        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+        settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     except SettingsError as e:
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if settings.embedded and not embedded_available():
+        print(f"error: {MISSING_PGSERVER}", file=sys.stderr)
+        raise SystemExit(2)
+    return settings
+
+
+def require_worker_extra() -> None:
+    """`backfill worker` runs Spark: without the ``worker`` extra, say what to install
+    instead of an ImportError's traceback (the base package is the control plane)."""
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as e:
+        print(
+            f"error: `backfill worker` needs pyspark and pyarrow ({e.name} is missing): "
+            "install mv-backfill[worker]",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
 
 
@@ -110,6 +130,7 @@ def _worker_settings_or_exit() -> WorkerSettings:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _worker_settings_or_exit()
+    require_worker_extra()
     require_java()
     from spark_workers.main import run_worker
 
