@@ -9,7 +9,7 @@ CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT      := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: install chromium demo test test-fast lint fmt typecheck openapi bench chaos mutation serve clean
+.PHONY: install lock chromium demo test test-fast lint fmt typecheck openapi bench chaos mutation serve clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required by Spark (install openjdk-17-jre-headless)"; exit 1; }
@@ -19,6 +19,15 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# The lock files the images install from (docs/operations.md, "Pinned dependencies"): the
+# worker's first, then the control plane's at the same versions. Kept pins stay unless
+# UPGRADE=1 (all to the newest allowed) or, e.g., UPGRADE_PACKAGE=fastapi.
+LOCK_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-find-links
+LOCK_UPGRADE = $(if $(UPGRADE),--upgrade) $(if $(UPGRADE_PACKAGE),--upgrade-package $(UPGRADE_PACKAGE))
+lock: $(STAMP)
+	$(BIN)/pip-compile $(LOCK_FLAGS) $(LOCK_UPGRADE) --extra worker -o requirements/worker.lock pyproject.toml
+	$(BIN)/pip-compile $(LOCK_FLAGS) --upgrade -c requirements/worker.lock -o requirements/control-plane.lock pyproject.toml
 
 # installed only when missing; the package lists are refreshed only if that fails
 $(CHROMIUM):
