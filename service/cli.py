@@ -150,12 +150,28 @@ def cmd_db(args: argparse.Namespace) -> int:
         elif args.db_command == "downgrade":
             migrate.downgrade(db.engine, args.revision)
             print(f"database at revision {migrate.current_revision(db.engine)}")
+        elif args.db_command == "create-worker-role":
+            print(_create_worker_role(db, args.name, args.password_stdin))
         else:
             current = migrate.current_revision(db.engine)
             print(f"current: {current}  head: {migrate.head_revision(db.engine)}")
     finally:
         db.close()
     return 0
+
+
+def _create_worker_role(db, name: str, password_stdin: bool) -> str:  # type: ignore[no-untyped-def]
+    import psycopg2
+
+    from service.worker_role import create_worker_role
+
+    password = sys.stdin.readline().rstrip("\n") if password_stdin else None
+    conn = psycopg2.connect(db.libpq_url)
+    try:
+        created = create_worker_role(conn, name, password)
+    finally:
+        conn.close()
+    return f"worker role {name} {'created' if created else 'exists'}, its grants applied"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -228,6 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
                 "revision", nargs="?", default=default, help=f"target (default {default})"
             )
         a.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
+    r = dsub.add_parser(
+        "create-worker-role",
+        help="create (or update) the workers' database role: reads and writes the store and "
+        "work tables only (docs/operations.md)",
+    )
+    r.add_argument("name", help="the role's name, e.g. backfill_worker")
+    r.add_argument(
+        "--password-stdin", action="store_true", help="set its password, read from stdin"
+    )
+    r.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
     d.set_defaults(func=cmd_db)
 
     m = sub.add_parser("demo", help="start the service and run a real backfill end to end")
