@@ -31,16 +31,16 @@ def _settings_or_exit(**overrides: object):  # type: ignore[no-untyped-def]
     return settings
 
 
-def require_worker_extra() -> None:
-    """`backfill worker` runs Spark: without the ``worker`` extra, say what to install
-    instead of an ImportError's traceback (the base package is the control plane)."""
+def require_worker_extra(who: str = "`backfill worker`", otherwise: str = "") -> None:
+    """A worker runs Spark: without the ``worker`` extra, say what to install instead of
+    an ImportError's traceback (the base package is the control plane)."""
     try:
         import pyarrow  # noqa: F401
         import pyspark  # noqa: F401
     except ImportError as e:
         print(
-            f"error: `backfill worker` needs pyspark and pyarrow ({e.name} is missing): "
-            "install mv-backfill[worker]",
+            f"error: {who} needs pyspark and pyarrow ({e.name} is missing): "
+            f"install mv-backfill[worker]{otherwise}",
             file=sys.stderr,
         )
         raise SystemExit(2) from None
@@ -102,6 +102,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # the worker it spawns reads the same environment: a bad value fails here, once,
         # rather than in every restart of that worker
         _worker_settings_or_exit()
+        require_worker_extra(
+            "the worker `serve` starts beside an embedded Postgres",
+            ", or set BACKFILL_SPAWN_EMBEDDED_WORKER=false and run workers elsewhere",
+        )
     _exit_cleanly_on_sigterm()
     import uvloop
 

@@ -92,3 +92,19 @@ def test_embedded_postgres_without_pgserver_raises_a_typed_error(tmp_path: Path)
     r = without_extras("-c", code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "embedded_postgres_missing"
+
+
+def test_serve_embedded_without_the_worker_extra_says_what_to_do(tmp_path: Path) -> None:
+    # pgserver there, Spark not: the worker `serve` would start could never run
+    r = without_extras(
+        "backfill",
+        "serve",
+        "--data-dir",
+        str(tmp_path),
+        env={"REFUSE_EXTRAS": "worker"},
+        unset=("DATABASE_URL", "BACKFILL_DATABASE_URL", "BACKFILL_SPAWN_EMBEDDED_WORKER"),
+    )
+    assert r.returncode == 2, r.stderr
+    assert "mv-backfill[worker]" in r.stderr and "BACKFILL_SPAWN_EMBEDDED_WORKER" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "pgdata").exists()
