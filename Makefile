@@ -9,16 +9,30 @@ CHROMIUM := /usr/bin/chromium
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT      := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get
 
-.PHONY: install chromium demo test test-fast lint fmt typecheck openapi bench chaos fuzz mutation serve clean
+.PHONY: install lock chromium demo test test-fast lint fmt typecheck openapi bench chaos fuzz mutation serve clean
 
-$(STAMP): pyproject.toml
+# every role and the dev tools, the roles' packages at the versions the images run
+# (requirements/worker.lock; the dev tools and pgserver are not locked)
+$(STAMP): pyproject.toml requirements/worker.lock
 	@command -v java >/dev/null 2>&1 || { echo "error: Java 17 is required by Spark (install openjdk-17-jre-headless)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]' -c requirements/worker.lock
 	@touch $(STAMP)
 
 install: $(STAMP)
+
+# The lock files the images install from (docs/operations.md, "Pinned dependencies"): the
+# worker's first, then the control plane's at the same versions. Kept pins stay unless
+# UPGRADE=1 (all to the newest allowed) or, e.g., UPGRADE_PACKAGE=fastapi.
+LOCK_FLAGS := --quiet --strip-extras --no-emit-index-url --no-emit-find-links
+LOCK_UPGRADE = $(if $(UPGRADE),--upgrade) $(if $(UPGRADE_PACKAGE),--upgrade-package $(UPGRADE_PACKAGE))
+# (not on $(STAMP): that installs from the locks this rewrites)
+lock:
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@test -x $(BIN)/pip-compile || $(BIN)/python -m pip install --quiet 'pip-tools>=7.4'
+	$(BIN)/pip-compile $(LOCK_FLAGS) $(LOCK_UPGRADE) --extra worker -o requirements/worker.lock pyproject.toml
+	$(BIN)/pip-compile $(LOCK_FLAGS) --upgrade -c requirements/worker.lock -o requirements/control-plane.lock pyproject.toml
 
 # installed only when missing; the package lists are refreshed only if that fails
 $(CHROMIUM):

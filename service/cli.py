@@ -13,6 +13,7 @@ from pathlib import Path
 
 from service import heap
 from service.cli_operator import add_operator_commands
+from service.embedded_pg import MISSING_PGSERVER, embedded_available
 from service.logs import LogSettingsError, configure_logging_from_env
 from service.settings import SettingsError, load_settings
 from spark_workers.settings import WorkerSettings, WorkerSettingsError, load_worker_settings
@@ -20,9 +21,28 @@ from spark_workers.settings import WorkerSettings, WorkerSettingsError, load_wor
 
 def _settings_or_exit(**overrides: object):  # type: ignore[no-untyped-def]
     try:
-        return load_settings(**{k: v for k, v in overrides.items() if v is not None})
+        settings = load_settings(**{k: v for k, v in overrides.items() if v is not None})
     except SettingsError as e:
         print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    if settings.embedded and not embedded_available():
+        print(f"error: {MISSING_PGSERVER}", file=sys.stderr)
+        raise SystemExit(2)
+    return settings
+
+
+def require_worker_extra(who: str = "`backfill worker`", otherwise: str = "") -> None:
+    """A worker runs Spark: without the ``worker`` extra, say what to install instead of
+    an ImportError's traceback (the base package is the control plane)."""
+    try:
+        import pyarrow  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as e:
+        print(
+            f"error: {who} needs pyspark and pyarrow ({e.name} is missing): "
+            f"install mv-backfill[worker]{otherwise}",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
 
 
@@ -82,6 +102,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # the worker it spawns reads the same environment: a bad value fails here, once,
         # rather than in every restart of that worker
         _worker_settings_or_exit()
+        require_worker_extra(
+            "the worker `serve` starts beside an embedded Postgres",
+            ", or set BACKFILL_SPAWN_EMBEDDED_WORKER=false and run workers elsewhere",
+        )
     _exit_cleanly_on_sigterm()
     import uvloop
 
@@ -110,6 +134,7 @@ def _worker_settings_or_exit() -> WorkerSettings:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _worker_settings_or_exit()
+    require_worker_extra()
     require_java()
     from spark_workers.main import run_worker
 
@@ -129,12 +154,28 @@ def cmd_db(args: argparse.Namespace) -> int:
         elif args.db_command == "downgrade":
             migrate.downgrade(db.engine, args.revision)
             print(f"database at revision {migrate.current_revision(db.engine)}")
+        elif args.db_command == "create-worker-role":
+            print(_create_worker_role(db, args.name, args.password_stdin))
         else:
             current = migrate.current_revision(db.engine)
             print(f"current: {current}  head: {migrate.head_revision(db.engine)}")
     finally:
         db.close()
     return 0
+
+
+def _create_worker_role(db, name: str, password_stdin: bool) -> str:  # type: ignore[no-untyped-def]
+    import psycopg2
+
+    from service.worker_role import create_worker_role
+
+    password = sys.stdin.readline().rstrip("\n") if password_stdin else None
+    conn = psycopg2.connect(db.libpq_url)
+    try:
+        created = create_worker_role(conn, name, password)
+    finally:
+        conn.close()
+    return f"worker role {name} {'created' if created else 'exists'}, its grants applied"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -207,6 +248,16 @@ def build_parser() -> argparse.ArgumentParser:
                 "revision", nargs="?", default=default, help=f"target (default {default})"
             )
         a.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
+    r = dsub.add_parser(
+        "create-worker-role",
+        help="create (or update) the workers' database role: reads and writes the store and "
+        "work tables only (docs/operations.md)",
+    )
+    r.add_argument("name", help="the role's name, e.g. backfill_worker")
+    r.add_argument(
+        "--password-stdin", action="store_true", help="set its password, read from stdin"
+    )
+    r.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
     d.set_defaults(func=cmd_db)
 
     m = sub.add_parser("demo", help="start the service and run a real backfill end to end")

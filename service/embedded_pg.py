@@ -11,6 +11,26 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+# pgserver comes with the `embedded` extra only (no linux-aarch64 wheel: docs/operations.md)
+MISSING_PGSERVER = (
+    "DATABASE_URL is not set, so the service would run an embedded Postgres, which needs "
+    "pgserver: set DATABASE_URL to your Postgres, or install mv-backfill[embedded]"
+)
+
+
+class EmbeddedPostgresMissing(ImportError):
+    """The embedded default was asked for without the ``embedded`` extra installed."""
+
+    code = "embedded_postgres_missing"
+
+
+def embedded_available() -> bool:
+    try:
+        import pgserver  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
 
 class EmbeddedPostgres:
     """Starts (or joins) the server of ``data_dir/pgdata``; data survives restarts."""
@@ -26,7 +46,10 @@ class EmbeddedPostgres:
         os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            import pgserver
+            try:
+                import pgserver
+            except ImportError as e:
+                raise EmbeddedPostgresMissing(MISSING_PGSERVER) from e
 
             # pgserver logs every pg_ctl command line at INFO
             logging.getLogger("pgserver").setLevel(logging.WARNING)

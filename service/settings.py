@@ -39,6 +39,11 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("BACKFILL_DATABASE_URL", "DATABASE_URL"),
         description="Postgres URL; unset starts the embedded Postgres under data_dir",
     )
+    # workers' own role (service/worker_role.py): no tokens, no catalog control
+    worker_database_url: str | None = Field(
+        default=None,
+        description="Postgres URL handed to workers when they register; unset: DATABASE_URL",
+    )
     data_dir: Path = Field(default=Path(".data"), description="embedded Postgres and local state")
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
@@ -78,7 +83,7 @@ class Settings(BaseSettings):
     run_barrier_loop: bool = True
     spawn_embedded_worker: bool = True
 
-    @field_validator("database_url")
+    @field_validator("database_url", "worker_database_url")
     @classmethod
     def _check_url(cls, v: str | None) -> str | None:
         if v is None or v.strip() == "":

@@ -22,6 +22,7 @@ from service.api.errors import ERROR_RESPONSES, ErrorResponse
 from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.context import ServiceContext
 from service.db import json_text
+from service.embedded_pg import to_libpq_url
 from service.meta import creating, workers
 
 
@@ -198,7 +199,10 @@ def _json(answer: Any, status_code: int = 200) -> Response:
 def register(body: RegisterRequest, ctx: Ctx) -> Response:
     request = protocol.RegisterRequest(body.name, body.capacity)
     w = workers.register(ctx.db, request.name, request.capacity, ctx.settings.worker_lease_ms)
-    return _json(protocol.Registration(w.id, ctx.settings.worker_lease_ms, ctx.db.libpq_url), 201)
+    # the workers' own role when one is configured (docs/operations.md), else ours
+    worker_url = ctx.settings.worker_database_url
+    url = to_libpq_url(worker_url) if worker_url else ctx.db.libpq_url
+    return _json(protocol.Registration(w.id, ctx.settings.worker_lease_ms, url), 201)
 
 
 @router.post(

@@ -95,19 +95,62 @@ def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def stages(instructions: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """Each named stage's instructions, those of the stages it builds FROM first (a stage
+    is what its ancestors did plus its own)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for kw, args in instructions:
+        if kw == "FROM":
+            words = args.split()
+            base = next(w for w in words if not w.startswith("--"))
+            name = words[-1] if len(words) >= 3 and words[-2].upper() == "AS" else ""
+            current = [*out.get(base, []), (kw, args)]
+            out[name] = current
+        else:
+            current.append((kw, args))
+    return out
+
+
+def target(name: str) -> list[tuple[str, str]]:
+    """The instructions an image built with ``--target name`` runs."""
+    found = stages(dockerfile_instructions(DOCKERFILE.read_text()))
+    assert name in found, f"the Dockerfile has no target {name!r}"
+    return found[name]
+
+
 def final_stage(instructions: list[tuple[str, str]]) -> list[tuple[str, str]]:
     starts = [i for i, (kw, _) in enumerate(instructions) if kw == "FROM"]
     assert starts, "the Dockerfile has no FROM"
     return instructions[starts[-1] :]
 
 
-def image_env() -> dict[str, str]:
-    """The ENV of the Dockerfile's runtime stage."""
+# the two images (the Dockerfile's targets) and the services that run each
+TARGETS = ("control-plane", "worker")
+
+
+def image_env(name: str = "control-plane") -> dict[str, str]:
+    """The ENV of the image built with ``--target name``."""
     env: dict[str, str] = {}
-    for kw, args in final_stage(dockerfile_instructions(DOCKERFILE.read_text())):
+    for kw, args in target(name):
         if kw == "ENV":
             env.update(item.split("=", 1) for item in shlex.split(args))
     return env
+
+
+def copied_stage(instructions: list[tuple[str, str]]) -> list[str]:
+    """The stages an image copies files from (COPY --from=STAGE)."""
+    return [
+        a.split()[0].split("=", 1)[1]
+        for kw, a in instructions
+        if kw == "COPY" and a.startswith("--from=")
+    ]
+
+
+def build_of(name: str) -> list[tuple[str, str]]:
+    """A target's instructions with those of the stages it copies from: all it installs."""
+    own = target(name)
+    return [*own, *(i for s in copied_stage(own) for i in target(s))]
 
 
 def env_of(value: Any) -> dict[str, str]:
@@ -234,38 +277,55 @@ def test_every_ignored_hadolint_rule_says_why() -> None:
         )
 
 
-def test_image_is_multi_stage_slim_with_java_17() -> None:
+def test_the_two_images_are_slim_and_only_the_worker_has_java_and_spark() -> None:
     instructions = dockerfile_instructions(DOCKERFILE.read_text())
     froms = [args for kw, args in instructions if kw == "FROM"]
     assert len(froms) >= 2, "the Dockerfile should be multi-stage"
     args = {
         a.split("=", 1)[0]: a.split("=", 1)[1] for kw, a in instructions if kw == "ARG" and "=" in a
     }
-    base = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), froms[-1])
-    assert "slim" in base, f"the runtime stage should be a slim Debian image, not {base!r}"
-    runs = " ".join(a for kw, a in final_stage(instructions) if kw == "RUN")
-    assert "openjdk-17-jre-headless" in runs, "Spark needs a Java 17 runtime"
+    for name in TARGETS:
+        base = re.sub(
+            r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), target(name)[0][1]
+        )
+        assert "slim" in base, f"{name} should build on a slim Debian image, not {base!r}"
+    worker = " ".join(a for kw, a in build_of("worker") if kw == "RUN")
+    assert "openjdk-17-jre-headless" in worker, "Spark needs a Java 17 runtime"
+    control_plane = " ".join(a for _, a in build_of("control-plane"))
+    for absent in ("openjdk", "worker.lock", "pyspark", "SPARK_HOME", "[worker]", "[all]"):
+        assert absent not in control_plane, f"the control-plane image has {absent}"
 
 
-def test_image_runs_as_non_root() -> None:
-    users = [
-        a for kw, a in final_stage(dockerfile_instructions(DOCKERFILE.read_text())) if kw == "USER"
-    ]
-    assert users, "the runtime stage never switches away from root"
-    user = users[-1].split(":", 1)[0]
-    assert user not in ("root", "0"), f"the image runs as {users[-1]!r}"
+def test_each_image_installs_its_own_lock_file() -> None:
+    for name, lock in (("control-plane", "control-plane.lock"), ("worker", "worker.lock")):
+        runs = " ".join(a for kw, a in build_of(name) if kw == "RUN")
+        assert f"-r requirements/{lock}" in runs, f"{name} does not install {lock}"
+        assert (ROOT / "requirements" / lock).exists()
+        # the package itself comes without dependencies: only the lock's are installed
+        assert "install --no-cache-dir --no-deps ." in runs
 
 
-def test_image_has_a_healthcheck_and_a_default_command() -> None:
-    stage = final_stage(dockerfile_instructions(DOCKERFILE.read_text()))
-    keywords = [kw for kw, _ in stage]
-    assert "HEALTHCHECK" in keywords
+def test_images_run_as_non_root() -> None:
+    for name in TARGETS:
+        users = [a for kw, a in target(name) if kw == "USER"]
+        assert users, f"the {name} image never switches away from root"
+        user = users[-1].split(":", 1)[0]
+        assert user not in ("root", "0"), f"the {name} image runs as {users[-1]!r}"
+
+
+def test_control_plane_is_the_default_image_with_a_healthcheck() -> None:
+    instructions = dockerfile_instructions(DOCKERFILE.read_text())
+    assert final_stage(instructions)[0][1].split()[-1] == "control-plane", (
+        "`docker build .` (no --target) should build the control plane"
+    )
+    stage = target("control-plane")
+    assert "HEALTHCHECK" in [kw for kw, _ in stage]
     cmd = [json.loads(a) for kw, a in stage if kw == "CMD"][-1]
     assert cmd == ["backfill", "serve"]
 
 
 def test_image_env_names_are_real_settings(clean_env: pytest.MonkeyPatch) -> None:
-    env = image_env()
+    env = {**image_env("control-plane"), **image_env("worker")}
     known = setting_env_names()
     ours_ = {k for k in env if k.startswith(ENV_PREFIX) or k == "DATABASE_URL"}
     assert ours_, "the image sets no BACKFILL_* defaults (host 0.0.0.0 at least)"
@@ -293,6 +353,17 @@ def test_dockerignore_keeps_local_state_out() -> None:
 
 
 # ---- docker-compose.yml: the Compose Specification -------------------------------------
+
+
+def test_every_service_we_build_names_a_target_of_the_dockerfile(
+    services: dict[str, Any],
+) -> None:
+    for name, svc in ours(services).items():
+        build = svc["build"]
+        assert isinstance(build, dict) and build.get("target") in TARGETS, (
+            f"{name} builds no image of ours: {build!r}"
+        )
+        target(build["target"])
 
 
 def test_compose_file_matches_the_compose_specification(
@@ -444,7 +515,7 @@ def test_worker_reaches_the_control_plane_and_the_spark_master(
     cmd = command_of(services[worker])
     url = urlsplit(cmd[cmd.index("--control-plane") + 1])
     assert url.hostname == cp
-    cp_env = {**image_env(), **env_of(services[cp].get("environment"))}
+    cp_env = {**image_env("control-plane"), **env_of(services[cp].get("environment"))}
     assert url.port == int(cp_env.get("BACKFILL_PORT", Settings.model_fields["port"].default))
     # BACKFILL_SPARK_MASTER -> the master's --host and --port
     mcmd = command_of(services[master])
@@ -454,11 +525,14 @@ def test_worker_reaches_the_control_plane_and_the_spark_master(
         clean_env.setenv(k, v)
     assert load_worker_settings().spark_master == spark_url
     assert spark_url in command_of(services[spark_worker]), "the Spark worker joins another master"
-    # one image for all four: Spark executors run our Python Data Source
-    builds = {
-        json.dumps(services[n]["build"], sort_keys=True) for n in (cp, worker, master, spark_worker)
-    }
-    assert len(builds) == 1, "control plane, worker and Spark services must share one image"
+    # the control plane on its image; the worker and Spark's processes on the worker image:
+    # Spark executors run our Python Data Source, as the worker that drives them does
+    builds = {n: services[n]["build"] for n in (cp, worker, master, spark_worker)}
+    assert builds[cp]["target"] == "control-plane"
+    for n in (worker, master, spark_worker):
+        assert builds[n] == builds[worker], f"{n} does not run the worker's image"
+    assert builds[worker]["target"] == "worker"
+    assert services[cp]["image"] != services[worker]["image"]
     # scalable: no fixed container name, no host port
     assert "container_name" not in services[worker] and not services[worker].get("ports")
     assert {cp, master, spark_worker} <= set(services[worker].get("depends_on", {}))
