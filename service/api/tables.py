@@ -14,6 +14,7 @@ from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
 from service.api.limits import STRICT, RequestBody
+from service.catalog import reader_views
 from service.catalog.models import Relation
 from service.context import ServiceContext
 from service.errors import Invalid
@@ -64,6 +65,11 @@ class TableView(BaseModel):
     primary_key: list[str]
     distribution_key: list[str]
     vnode_count: int
+    sql_name: str = Field(
+        description="the view of the latest committed snapshot that SQL clients read "
+        "(docs/reading.md)",
+        examples=["mv.orders"],
+    )
     created_at: dt.datetime
 
 
@@ -115,6 +121,7 @@ def _view(rel: Relation) -> TableView:
         primary_key=s["primary_key"],
         distribution_key=s["distribution_key"],
         vnode_count=s["vnode_count"],
+        sql_name=reader_views.sql_name(rel),
         created_at=rel.created_at,
     )
 
