@@ -31,7 +31,15 @@ def create_reader_view(
     cur: Any, name: str, table: VersionedTable, committed: sql.Composable
 ) -> None:
     """(Re)create the view ``mv.<name>`` of ``table``; ``committed`` is a scalar SQL expression giving
-    the committed epoch, evaluated once per query (an uncorrelated subquery)."""
+    the committed epoch, evaluated once per query (an uncorrelated subquery).
+
+    The epoch bound is written ``(... <= ...) IS NOT FALSE`` (the same rows: neither side
+    is NULL) so that the planner estimates most versions pass it: a plain ``<=`` against
+    a value it cannot see is estimated to keep a third, and it then reads each vnode by
+    a bitmap scan and sorts it, where walking the key index needs no sort
+    (``bench/bench_reader_view.py``: 2.2x a plain table's scan with the sort, 1.8x
+    without, in a quick run).
+    """
 
     def ids(names: list[str], prefix: str | None = None) -> sql.Composed:
         return sql.SQL(", ").join(sql.Identifier(*([prefix] if prefix else []), n) for n in names)
@@ -40,7 +48,7 @@ def create_reader_view(
         "CREATE OR REPLACE VIEW {view} AS SELECT {xcols} "
         "FROM generate_series(0, {last}) AS v(vn) CROSS JOIN LATERAL "
         "(SELECT DISTINCT ON ({pk}) {cols}, {dl} FROM {t} "
-        "WHERE {vnode} = v.vn AND {ep} <= ({committed}) ORDER BY {pk}, {ep} DESC) x "
+        "WHERE {vnode} = v.vn AND ({ep} <= ({committed})) IS NOT FALSE ORDER BY {pk}, {ep} DESC) x "
         "WHERE NOT x.{dl}"
     ).format(
         view=reader_view_ident(name),
