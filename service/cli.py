@@ -156,6 +156,8 @@ def cmd_db(args: argparse.Namespace) -> int:
             print(f"database at revision {migrate.current_revision(db.engine)}")
         elif args.db_command == "create-worker-role":
             print(_create_worker_role(db, args.name, args.password_stdin))
+        elif args.db_command == "create-reader-role":
+            return _create_reader_role(db, args.role, args.password_env)
         else:
             current = migrate.current_revision(db.engine)
             print(f"current: {current}  head: {migrate.head_revision(db.engine)}")
@@ -176,6 +178,40 @@ def _create_worker_role(db, name: str, password_stdin: bool) -> str:  # type: ig
     finally:
         conn.close()
     return f"worker role {name} {'created' if created else 'exists'}, its grants applied"
+
+
+def _create_reader_role(db, role: str, password_env: str | None) -> int:  # type: ignore[no-untyped-def]
+    """A login role that may select from the views in ``mv`` and nothing else
+    (docs/reading.md); its password comes from an environment variable, never argv."""
+    from psycopg2 import errors
+
+    from backfill_core.schema import SchemaError, validate_identifier
+    from service import migrate
+    from service.db import raw_cursor
+    from state_store.reader_views import create_reader_role
+
+    try:
+        validate_identifier(role, "role name")
+    except SchemaError as e:
+        print(f"error: {e.message}", file=sys.stderr)
+        return 2
+    if not migrate.at_head(db.engine):  # the schema mv comes with the migrations
+        print("error: the catalog is not up to date: run `backfill db upgrade`", file=sys.stderr)
+        return 1
+    password = None
+    if password_env is not None:
+        password = os.environ.get(password_env)
+        if not password:
+            print(f"error: {password_env} is not set or empty", file=sys.stderr)
+            return 2
+    try:
+        with db.transaction() as s:
+            create_reader_role(raw_cursor(s), role, password)
+    except errors.DuplicateObject:
+        print(f"error: role {role!r} already exists", file=sys.stderr)
+        return 1
+    print(f"created role {role}: it may select from the views in schema mv")
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -256,6 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("name", help="the role's name, e.g. backfill_worker")
     r.add_argument(
         "--password-stdin", action="store_true", help="set its password, read from stdin"
+    )
+    r.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
+    r = dsub.add_parser(
+        "create-reader-role",
+        help="create a login role that may only select from the views in schema mv",
+    )
+    r.add_argument("role", help="the role's name (a lower-case identifier)")
+    r.add_argument(
+        "--password-env",
+        metavar="VAR",
+        default=None,
+        help="an environment variable holding the role's password (default: no password)",
     )
     r.add_argument("--data-dir", default=None, help="embedded Postgres data directory")
     d.set_defaults(func=cmd_db)

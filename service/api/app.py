@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import migrate
 from service.api import (
+    changes,
     dashboard,
     events,
     health,
@@ -109,6 +110,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     app.add_middleware(RequestIds)  # outermost: every line and answer has its id
     app.include_router(health.router)
     app.include_router(tables.router)
+    app.include_router(changes.router)
     app.include_router(sources.router)
     app.include_router(jobs.router)
     app.include_router(events.router)

@@ -87,6 +87,9 @@ EpochQuery = Annotated[
 ]
 """A query parameter naming an epoch: its text is parsed exactly (never as a float)."""
 
+EpochAfterQuery = Annotated[int, Field(ge=0, le=MAX_EPOCH), BeforeValidator(_parse)]
+"""An epoch to read after (0: from the start), parsed exactly as ``EpochQuery``."""
+
 
 def is_epoch_member(name: str) -> bool:
     """Free-form JSON (event payloads, error details) names its epochs ``epoch`` or

@@ -15,6 +15,7 @@ from service.api.errors import EPOCH_GONE, ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
 from service.api.limits import STRICT, RequestBody, integer
 from service.api.rules import TYPE_DESCRIPTION, Name
+from service.catalog import reader_views
 from service.catalog.models import Relation
 from service.context import ServiceContext
 from service.errors import Invalid
@@ -73,6 +74,11 @@ class TableView(BaseModel):
     primary_key: list[str]
     distribution_key: list[str]
     vnode_count: int
+    sql_name: str = Field(
+        description="the view of the latest committed snapshot that SQL clients read "
+        "(docs/reading.md)",
+        examples=["mv.orders"],
+    )
     created_at: dt.datetime
 
 
@@ -127,6 +133,7 @@ def _view(rel: Relation) -> TableView:
         primary_key=s["primary_key"],
         distribution_key=s["distribution_key"],
         vnode_count=s["vnode_count"],
+        sql_name=reader_views.sql_name(rel),
         created_at=rel.created_at,
     )
 

@@ -20,7 +20,7 @@ from backfill_core.schema import (
 )
 from backfill_core.view import View
 from connectors.kafka import KafkaSpec, KafkaUnavailable, topic_watermarks
-from service.catalog import events, idempotency
+from service.catalog import events, idempotency, reader_views
 from service.catalog.models import (
     MAIN_GRAPH_ID,
     EpochPin,
@@ -166,6 +166,7 @@ def _insert_job(s: Session, spec: JobSpec, kind: str, source_total: int | None) 
     # its epoch index comes once the backfill is done (service/meta/indexer.py)
     mv.epoch_indexed = False
     storage_of(mv).create(raw_cursor(s), epoch_index=False)
+    reader_views.create_view_of(raw_cursor(s), mv)
     job = Job(
         name=spec.name,
         kind=kind,

@@ -13,7 +13,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from backfill_core.executors.source import split_key
-from service.catalog import events
+from service.catalog import events, reader_views
 from service.catalog.models import MAIN_GRAPH_ID, Actor, EpochPin, Job, JobProgress, Relation
 from service.catalog.queries import load_job, storage_of
 from service.db import Database, raw_cursor, retry_deadlocks
@@ -134,5 +134,6 @@ def drop_job(db: Database, job_id: int) -> None:
         if mv is not None:
             if not mv.epoch_indexed:
                 stop_build(raw_cursor(s), mv.id)  # a build would hold the drop up
+            reader_views.drop_view_of(raw_cursor(s), mv)
             storage_of(mv).drop(raw_cursor(s))
             s.delete(mv)

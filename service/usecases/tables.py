@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from backfill_core.changes import Row, Version
 from backfill_core.schema import SchemaError, TableSchema, validate_identifier
-from service.catalog import idempotency
+from service.catalog import idempotency, reader_views
 from service.catalog.models import MAIN_GRAPH_ID, Job, Relation
 from service.catalog.queries import (
     ACTIVE_JOB_STATES,
@@ -72,6 +72,7 @@ def create_table(
             s.add(rel)
             s.flush()
             storage_of(rel).create(raw_cursor(s))
+            reader_views.create_view_of(raw_cursor(s), rel)
             idempotency.created(s, claim, {"table": name})
             return rel
     except IntegrityError:
@@ -102,6 +103,7 @@ def drop_table(db: Database, name: str) -> None:
         names = list(readers)
         if names:
             raise Conflict(f"table {name!r} is read by job(s) {', '.join(names)}", {"jobs": names})
+        reader_views.drop_view_of(raw_cursor(s), rel)
         storage_of(rel).drop(raw_cursor(s))
         s.delete(rel)
 

@@ -31,6 +31,7 @@ def run(
         ("db", "upgrade"),
         ("db", "downgrade"),
         ("db", "current"),
+        ("db", "create-reader-role"),
         ("demo",),
         ("openapi",),
         ("jobs",),

@@ -36,6 +36,7 @@ PUBLIC_OPERATIONS = {
     ("DELETE", "/v1/tables/{name}"): "dropTable",
     ("POST", "/v1/tables/{name}/dml"): "applyTableDml",
     ("GET", "/v1/tables/{name}/rows"): "readTableRows",
+    ("GET", "/v1/tables/{name}/changes"): "streamTableChanges",
     ("POST", "/v1/sources"): "createSource",
     ("GET", "/v1/sources"): "listSources",
     ("GET", "/v1/sources/{name}"): "getSource",
