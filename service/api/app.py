@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import migrate
@@ -28,7 +28,7 @@ from service.api.auth import BearerAuth, configured_tokens, document_security
 from service.api.bodies import document_components, document_raw_bodies
 from service.api.errors import document_unavailable, install_error_handlers
 from service.api.event_schemas import event_components
-from service.api.limits import BodySizeLimit
+from service.api.limits import BodySizeLimit, reject_unknown_query
 from service.api.request_ids import RequestIds
 from service.catalog.tokens import EMBEDDED_WORKER, TokenAuthority
 from service.context import ServiceContext
@@ -100,6 +100,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         "backfilled online with exactly-once results at every committed epoch.",
         lifespan=lifespan,
         openapi_tags=OPENAPI_TAGS,
+        dependencies=[Depends(reject_unknown_query)],
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError, WithJsonSchema
 
 from service.api.deps import get_ctx
 from service.api.epochs import EpochAfterQuery
@@ -140,7 +140,13 @@ def table_changes(
     ] = None,
     follow: Annotated[bool, Query(description="keep the stream open for new epochs")] = False,
     accept: Annotated[str | None, Header()] = None,
-    last_event_id: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            description="the last marker's epoch (an SSE client reconnecting; wins over `after`)"
+        ),
+        WithJsonSchema({"type": "string", "pattern": "^[0-9]{1,19}$"}),
+    ] = None,
 ) -> StreamingResponse:
     start = _after(after, last_event_id)
     first = read_feed(ctx.db, name, start)  # 404, 409 and 410 before the stream starts

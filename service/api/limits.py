@@ -5,13 +5,17 @@
 * ``RequestBody``: the base of every JSON request model: no unknown fields, and no text
   Postgres cannot store (the NUL character, lone surrogates) anywhere in the body, in
   keys or values, so such input is a 422 and never a database error.
+* ``reject_unknown_query``: a query parameter the route does not take is a 422.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Annotated, Any
 
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, model_validator
 from pydantic_core import PydanticCustomError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -150,3 +154,38 @@ class BodySizeLimit:
         response = service_error_response(exc)
         response.headers["Connection"] = "close"  # the rest of the body is not read
         await response(scope, receive, send)
+
+
+_KNOWN_QUERY: dict[int, frozenset[str]] = {}
+
+
+def _query_names(dependant: Any) -> Iterator[str]:
+    """The query parameters of a route's dependency tree (FastAPI's ``Dependant``)."""
+    yield from (p.alias for p in dependant.query_params)
+    for sub in dependant.dependencies:
+        yield from _query_names(sub)
+
+
+def reject_unknown_query(request: Request) -> None:
+    """A query parameter the route does not take is a 422, as an unknown body field is:
+    a misspelt filter (``?stat=creating``) must not silently mean no filter."""
+    route = request.scope.get("route")
+    dependant = getattr(route, "dependant", None)
+    if dependant is None or not request.query_params:
+        return
+    known = _KNOWN_QUERY.get(id(route))
+    if known is None:
+        known = _KNOWN_QUERY[id(route)] = frozenset(_query_names(dependant))
+    unknown = [k for k in request.query_params if k not in known]
+    if unknown:
+        raise RequestValidationError(
+            [
+                {
+                    "type": "extra_forbidden",
+                    "loc": ("query", name),
+                    "msg": "Extra inputs are not permitted",
+                    "input": request.query_params[name],
+                }
+                for name in unknown
+            ]
+        )

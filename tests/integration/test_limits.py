@@ -149,3 +149,15 @@ def test_filter_size_and_depth(client: TestClient, db: Database) -> None:
         err = assert_error(client.post("/v1/jobs", json=JOB | {"filter": flt}), 422, "invalid")
         assert "too large or too deeply nested" in err["message"]
     assert count(db, "SELECT count(*) FROM jobs") == 0
+
+
+def test_unknown_query_parameters_are_refused(client: TestClient, db: Database) -> None:
+    """A misspelt filter must not silently mean no filter (the document's query objects
+    allow no other parameters)."""
+    assert client.get("/v1/jobs", params={"state": "creating"}).status_code == 200
+    err = assert_error(client.get("/v1/jobs", params={"stat": "creating"}), 422, "validation_error")
+    assert "stat" in str(err)
+    assert_error(
+        client.get("/v1/workers", params={"include_gone": "1", "x": "1"}), 422, "validation_error"
+    )
+    assert client.get("/healthz", params={"probe": "1"}).status_code == 422
