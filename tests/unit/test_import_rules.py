@@ -33,19 +33,9 @@ PROJECT = ("service", "spark_workers", "state_store", "connectors", "backfill_co
 
 def imported_packages(source: str, filename: str = "<string>") -> list[tuple[int, str]]:
     """(line, top-level package) of every absolute import anywhere in ``source``."""
-    found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source, filename=filename)):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found.append((node.lineno, node.module.split(".")[0]))
-        elif isinstance(node, ast.Call) and node.args:
-            fn = node.func
-            name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", None)
-            arg = node.args[0]
-            if name in DYNAMIC_IMPORTS and isinstance(arg, ast.Constant):
-                found.append((node.lineno, str(arg.value).split(".")[0]))
-    return found
+    ast.parse(source, filename=filename)  # a syntax error names the file
+    tops = [(line, name.split(".")[0]) for line, name in imported_modules(source)]
+    return list(dict.fromkeys(tops))
 
 
 def violations(package: str) -> list[str]:
