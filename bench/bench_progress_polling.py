@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from backfill_core.protocol import CollectRequest
 from bench._load import LoadResult, open_loop, percentile
 from bench._pg import fresh_database
 from spark_workers.client import ControlPlaneClient
@@ -51,13 +52,15 @@ def _fake_worker(url: str, stop: Any) -> None:
                     ]
                 }
                 batch.append(
-                    {
-                        "actor_id": a.actor_id,
-                        "recovery_seq": a.recovery_seq,
-                        "prev_epoch": b["prev"],
-                        "curr_epoch": b["curr"],
-                        "progress": progress,
-                    }
+                    CollectRequest.from_json(
+                        {
+                            "actor_id": a.actor_id,
+                            "recovery_seq": a.recovery_seq,
+                            "prev_epoch": b.prev,
+                            "curr_epoch": b.curr,
+                            "progress": progress,
+                        }
+                    )
                 )
         for k in range(0, len(batch), 500):  # the batched collect takes up to 1,000
             client.collect_many(batch[k : k + 500])
