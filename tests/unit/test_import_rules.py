@@ -10,6 +10,7 @@ dependency), and so does ``importlib.import_module`` / ``__import__`` of a liter
 """
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,21 +34,33 @@ PROJECT = ("service", "spark_workers", "state_store", "connectors", "backfill_co
 
 def imported_packages(source: str, filename: str = "<string>") -> list[tuple[int, str]]:
     """(line, top-level package) of every absolute import anywhere in ``source``."""
-    ast.parse(source, filename=filename)  # a syntax error names the file
-    tops = [(line, name.split(".")[0]) for line, name in imported_modules(source)]
+    tops = [(line, name.split(".")[0]) for line, name in imported_modules(source, None, filename)]
     return list(dict.fromkeys(tops))
 
 
-def violations(package: str) -> list[str]:
-    forbidden = FORBIDDEN[package]
-    files = sorted((ROOT / package).rglob("*.py"))
-    assert files, f"{package} has modules"
+def _imports_of(
+    folder: str,
+    imports: Callable[[Path], list[tuple[int, str]]],
+    forbidden: Callable[[str], bool],
+) -> list[str]:
+    """``file:line imports name`` for every import of the modules under ``folder`` that
+    ``forbidden`` holds."""
+    files = sorted((ROOT / folder).rglob("*.py"))
+    assert files, f"{folder} has modules"
     return [
         f"{f.relative_to(ROOT)}:{line} imports {name}"
         for f in files
-        for line, name in imported_packages(f.read_text(), str(f))
-        if name in forbidden
+        for line, name in imports(f)
+        if forbidden(name)
     ]
+
+
+def violations(package: str) -> list[str]:
+    return _imports_of(
+        package,
+        lambda f: imported_packages(f.read_text(), str(f)),
+        lambda name: name in FORBIDDEN[package],
+    )
 
 
 def module_name(path: Path) -> str:
@@ -64,11 +77,13 @@ def _absolute(node: ast.ImportFrom, module: str | None) -> str | None:
     return ".".join(base + ([node.module] if node.module else []))
 
 
-def imported_modules(source: str, module: str | None = None) -> list[tuple[int, str]]:
+def imported_modules(
+    source: str, module: str | None = None, filename: str = "<string>"
+) -> list[tuple[int, str]]:
     """(line, dotted name) of everything ``source`` imports: ``from a.b import c`` counts as
     ``a.b.c`` (``c`` may be a submodule); relative imports resolve against ``module``."""
     found: list[tuple[int, str]] = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(ast.parse(source, filename=filename)):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and (base := _absolute(node, module)):
@@ -83,15 +98,11 @@ def imported_modules(source: str, module: str | None = None) -> list[tuple[int, 
 
 
 def layer_violations(layer: str) -> list[str]:
-    forbidden = LAYERS[layer]
-    files = sorted((ROOT / layer).rglob("*.py"))
-    assert files, f"{layer} has modules"
-    return [
-        f"{f.relative_to(ROOT)}:{line} imports {name}"
-        for f in files
-        for line, name in imported_modules(f.read_text(), module_name(f))
-        if any(name == x or name.startswith(x + ".") for x in forbidden)
-    ]
+    return _imports_of(
+        layer,
+        lambda f: imported_modules(f.read_text(), module_name(f), str(f)),
+        lambda name: any(name == x or name.startswith(x + ".") for x in LAYERS[layer]),
+    )
 
 
 def _private(name: str) -> bool:
