@@ -156,9 +156,6 @@ class BodySizeLimit:
         await response(scope, receive, send)
 
 
-_KNOWN_QUERY: dict[int, frozenset[str]] = {}
-
-
 def _query_names(dependant: Any) -> Iterator[str]:
     """The query parameters of a route's dependency tree (FastAPI's ``Dependant``)."""
     yield from (p.alias for p in dependant.query_params)
@@ -173,9 +170,9 @@ def reject_unknown_query(request: Request) -> None:
     dependant = getattr(route, "dependant", None)
     if dependant is None or not request.query_params:
         return
-    known = _KNOWN_QUERY.get(id(route))
-    if known is None:
-        known = _KNOWN_QUERY[id(route)] = frozenset(_query_names(dependant))
+    # walked only for requests with a query (few); a cache keyed by id(route) could
+    # outlive its route (apps come and go in one process) and answer for another
+    known = frozenset(_query_names(dependant))
     unknown = [k for k in request.query_params if k not in known]
     if unknown:
         raise RequestValidationError(
