@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from service import heap
-from service.cli_operator import add_operator_commands
+from service.cli_operator import add_operator_commands, positive_int
 from service.embedded_pg import MISSING_PGSERVER, embedded_available
 from service.logs import LogSettingsError, configure_logging_from_env
 from service.settings import SettingsError, load_settings
@@ -115,13 +115,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(_serve(settings))
     return 0
-
-
-def _positive(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
 
 
 def _worker_settings_or_exit() -> WorkerSettings:
@@ -263,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--name", default=None, help="worker name (default: host name and pid)")
     w.add_argument(
         "--capacity",
-        type=_positive,
+        type=positive_int,
         default=64,
         help="how many actors the control plane may place on this worker (default: 64)",
     )

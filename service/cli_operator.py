@@ -268,14 +268,14 @@ def _shower(path: str):  # type: ignore[no-untyped-def]
 # the parser -----------------------------------------------------------------
 
 
-def _non_negative(value: str) -> int:
+def non_negative_int(value: str) -> int:
     n = int(value)
     if n < 0:
         raise argparse.ArgumentTypeError(f"must be at least 0, got {n}")
     return n
 
 
-def _positive(value: str) -> int:
+def positive_int(value: str) -> int:
     n = int(value)
     if n < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
@@ -327,8 +327,8 @@ def add_operator_commands(sub: Any) -> None:
         default="auto",
         help="the backfill kind (default auto)",
     )
-    c.add_argument("--parallelism", type=_positive)
-    c.add_argument("--rate-limit", type=_non_negative, help="rows/s per actor (0: paused)")
+    c.add_argument("--parallelism", type=positive_int)
+    c.add_argument("--rate-limit", type=non_negative_int, help="rows/s per actor (0: paused)")
     for name, text, run in (
         ("pause", "pause a job", _steer("POST", "/pause")),
         ("resume", "resume a paused job", _steer("POST", "/resume")),
@@ -345,7 +345,7 @@ def add_operator_commands(sub: Any) -> None:
     t.add_argument("rate", help="rows/s per actor, 0 to hold still, `none` to lift the limit")
     r = action(js, "rescale", "change a job's parallelism", _steer("PATCH", "", _parallelism_body))
     r.add_argument("job_id", type=int)
-    r.add_argument("parallelism", type=_positive)
+    r.add_argument("parallelism", type=positive_int)
     v = action(js, "verify", "compare a view with its upstream (exit 1: differs)", jobs_verify)
     v.add_argument("job_id", type=int)
     v.add_argument("--epoch", help="a committed epoch (default: the latest)")
