@@ -15,6 +15,7 @@ from service.api.deps import get_ctx
 from service.context import ServiceContext
 from service.db import Database
 from service.meta.metrics import REGISTRY
+from service.usecases.progress import completion
 
 router = APIRouter(tags=["metrics"])
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
@@ -66,12 +67,11 @@ class JobCollector:
         with self.db.engine.connect() as conn:
             for jid, name, kind, st, is_paused, consumed, rps, total, live in conn.execute(_JOBS):
                 lv = [str(jid), name, kind]
-                done = st == "created"
-                ratio = 1.0 if done else min(0.9999, consumed / max(total, consumed, 1))
+                percent, left = completion(consumed, max(total, consumed), rps, st == "created")
                 rows.add_metric(lv, consumed)
-                progress.add_metric(lv, round(ratio, 4))
-                if st == "creating" and rps > 0:
-                    eta.add_metric(lv, max(0.0, (total - consumed) / rps))
+                progress.add_metric(lv, round(percent / 100, 4))
+                if st == "creating" and left is not None:
+                    eta.add_metric(lv, left)
                 paused.add_metric(lv, 1 if is_paused else 0)
                 actors.add_metric(lv, live)
                 state.add_metric([*lv, st], 1)

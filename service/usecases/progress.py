@@ -44,6 +44,18 @@ def job_progress(db: Database, job_id: int) -> JobProgressReport:
     return report(progress_snapshot(db, job_id))
 
 
+def completion(
+    consumed: int, total: int, rows_per_s: float, done: bool
+) -> tuple[float, float | None]:
+    """Percent done (at most 99.99 until the job is created, then 100) and the seconds
+    left at ``rows_per_s`` (None: no rate yet); the progress route's and /metrics'."""
+    if done:
+        return 100.0, None
+    percent = min(99.99, round(100 * consumed / total, 2)) if total else 0.0
+    eta = round(max(0, total - consumed) / rows_per_s, 1) if rows_per_s > 0 else None
+    return percent, eta
+
+
 def report(snap: ProgressSnapshot) -> JobProgressReport:
     rows, kept = snap.vnodes, snap.kept
     consumed = max(
@@ -53,9 +65,8 @@ def report(snap: ProgressSnapshot) -> JobProgressReport:
     fixed = kept.total_estimate if kept is not None else None
     total = max(fixed or snap.upstream_estimate, consumed)
     done = snap.state == "created"
-    percent = 100.0 if done else min(99.99, round(100 * consumed / total, 2) if total else 0.0)
     rate = 0.0 if done or kept is None else round(kept.rows_per_s, 1)
-    eta = None if done or rate <= 0 else round(max(0, total - consumed) / rate, 1)
+    percent, eta = completion(consumed, total, rate, done)
     return JobProgressReport(
         job_id=snap.job_id,
         state=snap.state,
