@@ -5,6 +5,9 @@ score, and links to the timeline plots. ``python -m bench`` writes it after ever
 
 The mutation score is not in results.json: ``make mutation`` writes its set's part of the
 section in RESULTS.md itself (``record_mutation``) and every rewrite keeps that section.
+A bench that results.json does not hold (a ``--only`` run on a machine without the
+earlier results.json, which is not committed) keeps its figures from the RESULTS.md
+being replaced (``kept_modules``).
 """
 
 from __future__ import annotations
@@ -139,16 +142,53 @@ def _plots(doc: dict[str, Any], md_dir: Path, out_dir: Path) -> list[str]:
     return out
 
 
+class KeptModule:
+    """A bench's figures as an earlier RESULTS.md showed them: its rows of the table of
+    all figures, its section under *Per bench*, and for the bench that draws them, the
+    section of plots."""
+
+    def __init__(self, rows: list[str], section: list[str]) -> None:
+        self.rows = rows
+        self.section = section
+        self.plots: list[str] = []
+
+
+def kept_modules(md_text: str) -> dict[str, KeptModule]:
+    """The benches of a RESULTS.md, by name, as text."""
+    per_bench = _section(md_text, "## Per bench")
+    if per_bench is None:
+        return {}
+    kept: dict[str, KeptModule] = {}
+    for chunk in ("\n" + md_text[per_bench[0] : per_bench[1]]).split("\n### ")[1:]:
+        name, _, body = chunk.partition("\n")
+        name = name.strip()
+        kept[name] = KeptModule([], [f"### {name}", "", *body.strip("\n").split("\n"), ""])
+    figures = _section(md_text, "## All figures")
+    if figures is not None:
+        for row in md_text[figures[0] : figures[1]].splitlines():
+            bench = row.split("|")[1].strip().removesuffix(" (quick)") if "|" in row else ""
+            if bench in kept:
+                kept[bench].rows.append(row)
+    plots = _section(md_text, "## Plots")
+    if plots is not None and PLOTS_FROM in kept:
+        kept[PLOTS_FROM].plots = md_text[plots[0] : plots[1]].strip("\n").split("\n") + [""]
+    return kept
+
+
 def render(
     doc: dict[str, Any],
     md_dir: Path = HERE,
     out_dir: Path | None = None,
     mutation: str | None = None,
+    kept: dict[str, KeptModule] | None = None,
 ) -> str:
     """The Markdown report of a results.json document; links relative to ``md_dir``;
-    ``mutation``: the mutation parts kept from the file it replaces."""
+    ``mutation``: the mutation parts kept from the file it replaces; ``kept``: benches
+    of that file which the document does not hold, shown as they were."""
     out_dir = out_dir if out_dir is not None else md_dir / "out"
     modules: dict[str, dict[str, Any]] = doc.get("modules") or {}
+    kept = {n: k for n, k in (kept or {}).items() if n not in modules}
+    names = sorted({*modules, *kept})
     quick = sorted(m for m, e in modules.items() if e.get("quick"))
     lines = ["# Benchmark results", ""]
     if quick:
@@ -176,7 +216,11 @@ def render(
         "| bench | figure | value | baseline | unit | ratio | target | pass |",
         "|---|---|--:|--:|---|--:|---|---|",
     ]
-    for name, entry in modules.items():
+    for name in names:
+        if name in kept:
+            lines += kept[name].rows
+            continue
+        entry = modules[name]
         if entry.get("error"):
             lines.append(f"| {name} | ERROR | - | - | - | - | - | NO |")
         for r in entry.get("results") or []:
@@ -187,10 +231,11 @@ def render(
                 + " |"
             )
     lines += ["", "## Per bench", ""]
-    for name, entry in modules.items():
-        lines += _module(name, entry)
+    for name in names:
+        lines += kept[name].section if name in kept else _module(name, modules[name])
     lines += [MUTATION_HEADING, "", MUTATION_INTRO, "", mutation or NO_MUTATION_RUN, ""]
-    lines += ["## Plots", "", *_plots(doc, md_dir, out_dir)]
+    plots = kept[PLOTS_FROM].plots if PLOTS_FROM in kept else _plots(doc, md_dir, out_dir)
+    lines += ["## Plots", "", *plots]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -225,8 +270,11 @@ def _replace(md: Path, text: str) -> None:
 
 def write(results: Path = RESULTS_JSON, md: Path = RESULTS_MD) -> Path:
     doc = json.loads(results.read_text())
-    kept = kept_mutation(md.read_text()) if md.exists() else None
-    _replace(md, render(doc, md.parent, results.parent, mutation=kept))
+    old = md.read_text() if md.exists() else ""
+    text = render(
+        doc, md.parent, results.parent, mutation=kept_mutation(old), kept=kept_modules(old)
+    )
+    _replace(md, text)
     return md
 
 

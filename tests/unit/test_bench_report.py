@@ -120,3 +120,27 @@ def test_no_timeline_no_plot_links(tmp_path: Path) -> None:
     del doc["modules"]["timeline"]
     text = _write(tmp_path, doc)
     assert "No plots" in text and ".png)" not in text
+
+
+def test_a_partial_run_keeps_the_other_benches_figures(tmp_path: Path) -> None:
+    """results.json is not committed: a ``--only backfill`` run on a fresh machine must not
+    drop the figures RESULTS.md holds for the other benches."""
+    first = _write(tmp_path, _doc(timeline_quick=False))
+    later = _doc(timeline_quick=False)
+    later["modules"] = {"backfill": later["modules"]["backfill"]}
+    later["modules"]["backfill"]["finished_at"] = "2030-02-01T00:00:00+00:00"
+    (tmp_path / "out" / "results.json").write_text(json.dumps(later))
+    text = report.write(tmp_path / "out" / "results.json", tmp_path / "RESULTS.md").read_text()
+    assert "Run 2030-02-01T00:00:00+00:00, full, 42 s." in text
+    for kept in (
+        "| timeline | one backfill's mean rate | 90,000 | 300,000 |",
+        "| broken | ERROR | - | - | - | - | - | NO |",
+        "Run 2030-01-02T03:04:00+00:00, full, 30 s.",
+        "**Failed:** `RuntimeError: no server`",
+    ):
+        assert kept in first and kept in text
+    assert text.count("### timeline") == 1 and text.count("| timeline |") == 1
+    assert "](out/throughput.png)" in text and "No plots" not in text
+    # a rewrite from the same document changes nothing
+    again = report.write(tmp_path / "out" / "results.json", tmp_path / "RESULTS.md").read_text()
+    assert again == text
