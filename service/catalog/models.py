@@ -61,6 +61,19 @@ class Relation(Base):
     created_at: Mapped[dt.datetime] = _now()
 
 
+class RowCountDelta(Base):
+    """A user table's net rows added by one epoch's DML (inserts minus deletes): the
+    exact row count at an epoch is the sum up to it. GC folds the ones at or below the
+    table's ``gc_epoch`` into one. Tables are never rolled back, so neither are these."""
+
+    __tablename__ = "row_count_deltas"
+    relation_id: Mapped[int] = mapped_column(
+        ForeignKey("relations.id", ondelete="CASCADE"), primary_key=True
+    )
+    epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    delta: Mapped[int] = mapped_column(BigInteger)
+
+
 class Source(Base):
     __tablename__ = "sources"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -259,7 +272,8 @@ class JobProgress(Base):
     window_rows: Mapped[int] = mapped_column(BigInteger, default=0)
     window_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
     rows_per_s: Mapped[float] = mapped_column(Float, default=0.0)
-    # the upstream's row estimate at the job's creation (None: unknown then)
+    # the upstream's rows when the job was created: exact for a table (its committed
+    # row count), the topic's backlog for a source (None: unknown then)
     total_estimate: Mapped[int | None] = mapped_column(BigInteger)
 
 

@@ -4,11 +4,12 @@ epoch. No rules of the use cases here (``docs/architecture.md#layout-and-layers`
 
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
 from backfill_core.schema import TableSchema, is_identifier
-from service.catalog.models import Graph, Job, Relation, Source
+from service.catalog.models import Graph, Job, Relation, RowCountDelta, Source
 from service.errors import NotFound
 from state_store.versioned import VersionedTable
 
@@ -77,3 +78,40 @@ def committed_epoch(session: Session, graph_id: int | None) -> int:
     return int(
         session.execute(select(Graph.committed_epoch).where(Graph.id == graph_id)).scalar_one()
     )
+
+
+def add_row_count_delta(session: Session, relation_id: int, epoch: int, delta: int) -> None:
+    """Count ``delta`` more rows of a table at ``epoch`` (its DML is serialized)."""
+    if delta:
+        stmt = insert(RowCountDelta).values(relation_id=relation_id, epoch=epoch, delta=delta)
+        excluded = stmt.excluded
+        session.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[RowCountDelta.relation_id, RowCountDelta.epoch],
+                set_={"delta": RowCountDelta.delta + excluded.delta},
+            )
+        )
+
+
+def table_row_count(session: Session, relation_id: int, epoch: int) -> int:
+    """A user table's exact row count at ``epoch``."""
+    return int(
+        session.execute(
+            select(func.coalesce(func.sum(RowCountDelta.delta), 0)).where(
+                RowCountDelta.relation_id == relation_id, RowCountDelta.epoch <= epoch
+            )
+        ).scalar_one()
+    )
+
+
+def fold_row_counts(session: Session, relation_id: int, epoch: int) -> None:
+    """One delta for everything at or below ``epoch`` (the table's GC epoch): the sum
+    stays, the rows do not pile up with every epoch of DML."""
+    below = (RowCountDelta.relation_id == relation_id, RowCountDelta.epoch <= epoch)
+    n, total = session.execute(
+        select(func.count(), func.coalesce(func.sum(RowCountDelta.delta), 0)).where(*below)
+    ).one()
+    if n > 1:
+        session.execute(RowCountDelta.__table__.delete().where(*below))
+        if total:
+            session.add(RowCountDelta(relation_id=relation_id, epoch=epoch, delta=int(total)))

@@ -14,7 +14,7 @@ from sqlalchemy import select, text
 
 from backfill_core.epoch import EPOCH_PHYSICAL_SHIFT
 from service.catalog.models import EpochPin, Relation
-from service.catalog.queries import storage_of
+from service.catalog.queries import fold_row_counts, storage_of
 from service.db import Database, raw_cursor
 
 
@@ -61,6 +61,7 @@ def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
             if rel is None or safe <= rel.gc_epoch or not rel.epoch_indexed:
                 continue  # (an MV without its epoch index yet: GC would scan all of it)
             removed = storage_of(rel).gc(raw_cursor(s), safe, rel.gc_epoch)
+            fold_row_counts(s, rel.id, safe)
             rel.gc_epoch = safe
             results.append(GcResult(rel.name, safe, removed))
     return results

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg2 import sql
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -30,15 +31,24 @@ from service.catalog.models import (
     Relation,
     Source,
 )
-from service.catalog.queries import get_relation, get_source, load_job, storage_of
+from service.catalog.queries import (
+    committed_epoch,
+    get_relation,
+    get_source,
+    load_job,
+    storage_of,
+    table_row_count,
+)
 from service.db import Database, raw_cursor, unique_violation
 from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.meta.scheduler import place_job_actors
 from service.meta.signal import BarrierSignal
+from state_store.reader_views import reader_view_ident
 
 TABLE_KINDS = ("arrangement", "chain", "snapshot")
 MAX_PARALLELISM = 256
 MIN_REREAD_GAP_S = 0.01  # between re-reads of a creating job: collects land in bursts
+FIRST_COMMIT_WAIT_S = 30.0  # a create waits this long for the system's first commit
 
 
 @dataclass(frozen=True)
@@ -79,16 +89,27 @@ def create_job(
     spec: JobSpec,
     claim: idempotency.Claim | None = None,
     signal: BarrierSignal | None = None,
+    commit_wait_s: float = FIRST_COMMIT_WAIT_S,
 ) -> Job:
     """The job, created (its view, actors and first mutation queued) or a 4xx that wrote
-    nothing. A snapshot job refused for want of a committed upstream epoch asks ``signal``
-    for a round, so that the client's retry finds one."""
-    try:
-        return _create_job(db, spec, claim)
-    except NoCommittedEpoch:
-        if signal is not None:
-            signal.request_barrier()
-        raise
+    nothing. A snapshot job asked for before the upstream committed any epoch (a service
+    started seconds ago) asks ``signal`` for rounds and waits up to ``commit_wait_s`` for
+    the first commit, instead of making every script that loads and creates retry."""
+    deadline = time.monotonic() + commit_wait_s
+    while True:
+        seen = signal.generation if signal is not None else 0
+        try:
+            return _create_job(db, spec, claim)
+        except NoCommittedEpoch as e:
+            left = deadline - time.monotonic()
+            if signal is None or left <= 0:
+                raise Conflict(
+                    f"no epoch was committed within {commit_wait_s:g} s of the request: "
+                    "is the control plane's barrier loop running (see /healthz)?",
+                    e.details,
+                ) from None
+            signal.request_barrier()  # the first barrier commits none: ask until one does
+            signal.wait(seen, min(left, MIN_REREAD_GAP_S * 10))
 
 
 def _create_job(db: Database, spec: JobSpec, claim: idempotency.Claim | None) -> Job:
@@ -196,8 +217,8 @@ def _insert_job(s: Session, spec: JobSpec, kind: str, source_total: int | None) 
     place_job_actors(s, job, up_schema.vnode_count, splits=_splits_of(source))
     # the total behind the percent: the upstream as the backfill starts, fixed, so
     # the percent never goes back while the upstream grows
-    total = source_total if source is not None else _estimate(s, job)
-    s.add(JobProgress(job_id=job.id, total_estimate=total or None))
+    total = source_total if source is not None else _upstream_rows(s, upstream)
+    s.add(JobProgress(job_id=job.id, total_estimate=total))
     events.record(s, "job_created", job.id, name=job.name, backfill=kind)
     return job
 
@@ -231,7 +252,7 @@ def _creating_graph(s: Session, job: Job, mv: Relation, upstream: Relation, comm
         )
     if committed <= 0:
         raise NoCommittedEpoch(
-            "the upstream has no committed epoch to take a snapshot at yet; retry in a moment",
+            "the upstream has no committed epoch to take a snapshot at yet",
             {"field": "upstream"},
         )
     graph = Graph(kind="creating", job_id=job.id, state="running")
@@ -305,14 +326,15 @@ def graph_of(db: Database, job: Job) -> Graph:
         return graph
 
 
-def _estimate(s: Session, job: Job) -> int:
-    up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
+def _upstream_rows(s: Session, up: Relation | None) -> int:
+    """The upstream's rows at its committed epoch: a table's exact count, kept by its
+    DML; a view's counted through its reader view (``mv.<name>``, the committed
+    snapshot), as views are written by actors, not by DML."""
     if up is None:
         return 0
+    if up.kind == "table":
+        return table_row_count(s, up.id, committed_epoch(s, up.graph_id))
     cur = raw_cursor(s)
-    cur.execute(
-        "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
-        [f'store."{up.storage_table}"'],
-    )
+    cur.execute(sql.SQL("SELECT count(*) FROM {}").format(reader_view_ident(up.name)))
     row = cur.fetchone()
-    return max(0, int(row[0])) if row and row[0] is not None else 0
+    return int(row[0]) if row else 0

@@ -22,6 +22,7 @@ from service.catalog import idempotency, reader_views
 from service.catalog.models import MAIN_GRAPH_ID, Job, Relation
 from service.catalog.queries import (
     ACTIVE_JOB_STATES,
+    add_row_count_delta,
     committed_epoch,
     get_relation,
     storage_of,
@@ -147,6 +148,10 @@ def apply_dml(db: Database, name: str, ops: Sequence[DmlOp], clock: Clock) -> tu
             if row != before[key]
         ]
         table.write(cur, epoch, versions)
+        delta = sum(row is not None for row in state.values()) - sum(
+            row is not None for row in before.values()
+        )
+        add_row_count_delta(s, rel.id, epoch, delta)
         return epoch, len(ops)
 
 

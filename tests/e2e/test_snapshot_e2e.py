@@ -252,16 +252,15 @@ def test_with_barriers_ten_minutes_apart_a_small_snapshot_job_is_created_at_once
         db, fresh_db_url, WorkerSettings(spark_mode="never"), barrier_interval_ms=600_000
     ) as (http, _):
         load(http, 5_000)
-        # nothing is committed yet (the first barrier commits no epoch): the 409 asks
-        # for a round, so a retry soon finds the epoch it closed
+        # nothing is committed yet (the first barrier commits no epoch): the create asks
+        # for rounds and waits for the first commit instead of answering "retry"
         body = {"name": "soon", "upstream": {"table": "orders"}, "backfill": "snapshot"}
         r = http.post("/v1/jobs", json=body)
-        assert r.status_code == 409 and "no committed epoch" in r.text, r.text
-        job = wait_for(
-            lambda: (r := http.post("/v1/jobs", json=body)).status_code == 202 and r.json()["id"],
-            timeout=60,
-            what="a committed epoch to take the snapshot at",
-        )
+        assert r.status_code == 202, r.text
+        job = r.json()["id"]
         wait_created(http, job, timeout=120)
         v = http.get(f"/v1/jobs/{job}/verify").json()
         assert v["equal"] and v["mv_rows"] == 5_000, v
+        # the total was exact from the start, and rows is what was consumed
+        p = progress(http, job)
+        assert (p["rows"], p["total_estimate"], p["percent"]) == (5_000, 5_000, 100.0), p

@@ -8,6 +8,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from service.catalog.models import MAIN_GRAPH_ID, Relation
+from service.catalog.queries import add_row_count_delta, fold_row_counts, table_row_count
 from service.db import Database
 from tests.kit.meta import FakeWorker, make_job
 
@@ -171,6 +173,60 @@ def test_the_total_is_fixed_when_the_job_starts(client: TestClient, db: Database
     assert total == 1_000
     insert(1_000, 5_000)
     assert client.get(f"/v1/jobs/{job}/progress").json()["total_estimate"] == total
+
+
+def test_the_total_is_the_upstreams_exact_row_count(client: TestClient, db: Database) -> None:
+    """Right after a load, without ANALYZE (the planner's estimate is then far off), the
+    total is the table's committed row count: inserts, deletes, updates and a key
+    inserted and deleted in one batch counted exactly."""
+    table = {
+        "name": "fresh",
+        "columns": [{"name": "id", "type": "bigint"}, {"name": "v", "type": "bigint"}],
+        "primary_key": ["id"],
+    }
+    assert client.post("/v1/tables", json=table).status_code == 201
+
+    def dml(ops: list[dict[str, Any]]) -> None:
+        r = client.post("/v1/tables/fresh/dml", json={"ops": ops})
+        assert r.status_code == 200, r.text
+
+    dml([{"op": "insert", "row": {"id": i, "v": 0}} for i in range(3_000)])
+    dml([{"op": "delete", "row": {"id": i}} for i in range(0, 3_000, 10)])
+    dml([{"op": "update", "row": {"id": i, "v": 1}} for i in range(1, 3_000, 10)])
+    dml(
+        [
+            {"op": "insert", "row": {"id": 5_000, "v": 0}},
+            {"op": "delete", "row": {"id": 5_000}},
+            {"op": "insert", "row": {"id": 5_001, "v": 0}},
+            {"op": "delete", "row": {"id": 1}},
+        ]
+    )
+    exact = 3_000 - 300 + 1 - 1
+    for kind in ("arrangement", "snapshot"):
+        body = {"name": f"f_{kind}", "upstream": {"table": "fresh"}, "backfill": kind}
+        r = client.post("/v1/jobs", json=body | {"rate_limit": 0})
+        assert r.status_code == 202, r.text
+        p = client.get(f"/v1/jobs/{r.json()['id']}/progress").json()
+        assert p["total_estimate"] == exact, p
+
+
+def test_gc_folds_row_count_deltas_keeping_every_sum(db: Database) -> None:
+    with db.transaction() as s:
+        rel = Relation(name="counted", kind="table", schema={}, storage_table="counted")
+        rel.graph_id = MAIN_GRAPH_ID
+        s.add(rel)
+        s.flush()
+        for epoch, delta in [(10, 5), (20, -2), (20, 4), (30, 1), (40, -3)]:
+            add_row_count_delta(s, rel.id, epoch, delta)
+        add_row_count_delta(s, rel.id, 50, 0)  # nothing written for a batch that nets 0
+        sums = {e: table_row_count(s, rel.id, e) for e in (5, 10, 20, 30, 40, 50)}
+        assert sums == {5: 0, 10: 5, 20: 7, 30: 8, 40: 5, 50: 5}
+        fold_row_counts(s, rel.id, 30)
+        assert {e: table_row_count(s, rel.id, e) for e in (30, 40, 50)} == {30: 8, 40: 5, 50: 5}
+        n = s.execute(
+            text("SELECT count(*) FROM row_count_deltas WHERE relation_id = :r"), {"r": rel.id}
+        ).scalar_one()
+        assert n == 2  # one for everything at or below 30, and 40's
 
 
 def test_a_lone_read_runs_outside_a_transaction_and_leaves_pooled_connections_as_they_were(
