@@ -41,14 +41,16 @@ def create_reader_view(
     without, in a quick run).
     """
 
+    # the series' alias starts with "_", which no user's name does: a relation named
+    # like it would hide it inside the subquery
     def ids(names: list[str], prefix: str | None = None) -> sql.Composed:
         return sql.SQL(", ").join(sql.Identifier(*([prefix] if prefix else []), n) for n in names)
 
     q = sql.SQL(
         "CREATE OR REPLACE VIEW {view} AS SELECT {xcols} "
-        "FROM generate_series(0, {last}) AS v(vn) CROSS JOIN LATERAL "
+        "FROM generate_series(0, {last}) AS _vnodes(vn) CROSS JOIN LATERAL "
         "(SELECT DISTINCT ON ({pk}) {cols}, {dl} FROM {t} "
-        "WHERE {vnode} = v.vn AND ({ep} <= ({committed})) IS NOT FALSE ORDER BY {pk}, {ep} DESC) x "
+        "WHERE {vnode} = _vnodes.vn AND ({ep} <= ({committed})) IS NOT FALSE ORDER BY {pk}, {ep} DESC) x "
         "WHERE NOT x.{dl}"
     ).format(
         view=reader_view_ident(name),

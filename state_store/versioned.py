@@ -385,9 +385,9 @@ class VersionedTable:
             return out
         cols = _ids(self.names)
         q = sql.SQL(
-            "SELECT v.vn, {xcols} FROM generate_series(%s::int, %s::int) AS v(vn) "
+            "SELECT _vnodes.vn, {xcols} FROM generate_series(%s::int, %s::int) AS _vnodes(vn) "
             "CROSS JOIN LATERAL (SELECT {cols} FROM (SELECT DISTINCT ON ({pk}) {cols}, {dl} "
-            "FROM {t} WHERE {vn} = v.vn AND {ep} <= %s ORDER BY {pk}, {ep} DESC) s "
+            "FROM {t} WHERE {vn} = _vnodes.vn AND {ep} <= %s ORDER BY {pk}, {ep} DESC) s "
             "WHERE NOT {dl} LIMIT %s) x LIMIT %s"
         ).format(
             xcols=_ids(self.names, "x"),

@@ -23,7 +23,7 @@ from service.context import ServiceContext
 from service.usecases import jobs, steering
 from service.usecases import verify as verification
 from service.usecases.jobs import MAX_PARALLELISM
-from service.usecases.progress import RECENT_RECOVERIES, job_progress
+from service.usecases.progress import RECENT_RECOVERIES, Phase, job_progress
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
@@ -130,6 +130,10 @@ class JobView(BaseModel):
         description="snapshot backfill: the upstream epoch its snapshot is read at"
     )
     recovering: bool = Field(description="its graph is in recovery right now")
+    waiting_for_worker: bool = Field(
+        description="creating, and an actor of it has no live worker to run on (none is "
+        "registered, or its worker stopped heartbeating): it goes on once one registers"
+    )
     recoveries: int = Field(description="recoveries of its graph so far")
     recovery_reason: str | None
     error: str | None
@@ -164,12 +168,11 @@ class RecoveryRow(BaseModel):
 class Progress(BaseModel):
     id: int
     state: str
-    phase: Literal["backfilling", "forwarding", "snapshot", "log_store", "finishing", "done"] = (
-        Field(
-            description="arrangement and chain: backfilling, forwarding; snapshot: snapshot "
-            "(reading it), log_store (replaying the upstream's epochs since), finishing "
-            "(caught up, merging); then done"
-        )
+    phase: Phase = Field(
+        description="arrangement and chain: backfilling, forwarding; snapshot: snapshot "
+        "(reading it), log_store (replaying the upstream's epochs since), finishing "
+        "(caught up, merging); then done. waiting_for_worker: an actor of the job has no "
+        "live worker (none is registered, or its worker stopped heartbeating)"
     )
     rows: int = Field(description="rows consumed as of the committed epoch; never goes back")
     total_estimate: int
@@ -226,6 +229,7 @@ def _view(ctx: ServiceContext, job: Job) -> JobView:
         finished_epoch=job.finished_epoch,
         snapshot_epoch=job.snapshot_epoch,
         recovering=graph.state == "recovering",
+        waiting_for_worker=jobs.waiting_for_worker(ctx.db, job),
         recoveries=graph.recovery_seq,
         recovery_reason=graph.recovery_reason,
         error=job.error,

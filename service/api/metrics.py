@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sqlalchemy import text
 
 from service.api.deps import get_ctx
+from service.catalog.queries import WAITING_FOR_WORKER_SQL
 from service.context import ServiceContext
 from service.db import Database
 from service.meta.metrics import REGISTRY
@@ -21,11 +22,12 @@ router = APIRouter(tags=["metrics"])
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 
 _JOBS = text(
-    """
+    f"""
     SELECT j.id, j.name, j.kind, j.state, j.paused,
            coalesce(p.consumed_rows, 0), coalesce(p.rows_per_s, 0),
            coalesce(p.total_estimate, greatest(coalesce(c.reltuples, 0), 0)),
-           (SELECT count(*) FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL)
+           (SELECT count(*) FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL),
+           {WAITING_FOR_WORKER_SQL}
     FROM jobs j
     LEFT JOIN job_progress p ON p.job_id = j.id
     LEFT JOIN relations r ON r.id = j.upstream_relation_id
@@ -58,6 +60,11 @@ class JobCollector:
         )
         paused = GaugeMetricFamily("backfill_job_paused", "1 while paused", labels=labels)
         actors = GaugeMetricFamily("backfill_job_actors", "Live actors", labels=labels)
+        waiting = GaugeMetricFamily(
+            "backfill_job_waiting_for_worker",
+            "1 while the creating job has an actor no live worker runs",
+            labels=labels,
+        )
         state = GaugeMetricFamily(
             "backfill_job_state", "1 for the job's state", labels=[*labels, "state"]
         )
@@ -65,7 +72,8 @@ class JobCollector:
             "backfill_workers", "Registered workers by liveness", labels=["state"]
         )
         with self.db.engine.connect() as conn:
-            for jid, name, kind, st, is_paused, consumed, rps, total, live in conn.execute(_JOBS):
+            for row in conn.execute(_JOBS):
+                jid, name, kind, st, is_paused, consumed, rps, total, live, no_worker = row
                 lv = [str(jid), name, kind]
                 percent, left = completion(consumed, max(total, consumed), rps, st == "created")
                 rows.add_metric(lv, consumed)
@@ -74,11 +82,12 @@ class JobCollector:
                     eta.add_metric(lv, left)
                 paused.add_metric(lv, 1 if is_paused else 0)
                 actors.add_metric(lv, live)
+                waiting.add_metric(lv, 1 if no_worker else 0)
                 state.add_metric([*lv, st], 1)
             alive, registered = conn.execute(_WORKERS).one()
         workers.add_metric(["alive"], alive)
         workers.add_metric(["not_alive"], registered - alive)
-        yield from (rows, progress, eta, paused, actors, state, workers)
+        yield from (rows, progress, eta, paused, actors, waiting, state, workers)
 
 
 @router.get(

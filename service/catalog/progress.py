@@ -12,6 +12,7 @@ from sqlalchemy import text
 from backfill_core.epoch import lag_ms
 from backfill_core.executors.source import split_key
 from service.catalog.models import MAIN_GRAPH_ID
+from service.catalog.queries import WAITING_FOR_WORKER_SQL
 from service.db import Database
 from service.errors import NotFound
 
@@ -73,10 +74,11 @@ class ProgressSnapshot:
     committed_epoch: int
     log_store: LogStoreLag | None = None
     recoveries: list[Recovery] = field(default_factory=list)  # the latest first
+    waiting_for_worker: bool = False
 
 
 _PROGRESS = text(
-    """
+    f"""
     SELECT j.state, j.snapshot_epoch, g.kind AS graph_kind,
       g.committed_epoch, g.current_epoch, m.committed_epoch AS main_committed,
       p.job_id IS NOT NULL AS kept, p.consumed_rows, p.rows_per_s, p.total_estimate,
@@ -99,7 +101,8 @@ _PROGRESS = text(
           WHERE b.graph_id = :main
             AND b.prev_epoch > greatest(g.committed_epoch, j.snapshot_epoch)
             AND b.prev_epoch <= m.committed_epoch)
-      END AS lag_epochs
+      END AS lag_epochs,
+      {WAITING_FOR_WORKER_SQL} AS waiting_for_worker
     FROM jobs j
     LEFT JOIN graphs g ON g.id = j.graph_id
     LEFT JOIN graphs m ON m.id = :main
@@ -146,4 +149,5 @@ def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
         committed_epoch=int(row.committed_epoch or 0),
         log_store=_log_store_lag(row),
         recoveries=[Recovery(dt.datetime.fromisoformat(at), why) for at, why in row.recoveries],
+        waiting_for_worker=bool(row.waiting_for_worker),
     )

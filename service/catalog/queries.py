@@ -4,7 +4,7 @@ epoch. No rules of the use cases here (``docs/architecture.md#layout-and-layers`
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
 
@@ -15,6 +15,13 @@ from state_store.versioned import VersionedTable
 
 # a job in these states reads its upstream: the upstream may not be dropped
 ACTIVE_JOB_STATES = ("creating", "created")
+
+# SQL over a job ``j``: it is creating and an actor of it has no live worker (none was
+# registered when it was placed, or its worker's lease ran out): it waits for one
+WAITING_FOR_WORKER_SQL = """(j.state = 'creating' AND EXISTS (
+    SELECT 1 FROM actors a LEFT JOIN workers w ON w.id = a.worker_id
+    WHERE a.job_id = j.id AND a.last_epoch IS NULL
+      AND (w.id IS NULL OR w.state <> 'alive' OR w.lease_expires_at <= now())))"""
 
 
 def storage_of(rel: Relation) -> VersionedTable:
@@ -115,3 +122,11 @@ def fold_row_counts(session: Session, relation_id: int, epoch: int) -> None:
         session.execute(RowCountDelta.__table__.delete().where(*below))
         if total:
             session.add(RowCountDelta(relation_id=relation_id, epoch=epoch, delta=int(total)))
+
+
+def waiting_for_worker(session: Session, job_id: int) -> bool:
+    return bool(
+        session.execute(
+            text(f"SELECT {WAITING_FOR_WORKER_SQL} FROM jobs j WHERE j.id = :job"), {"job": job_id}
+        ).scalar()
+    )

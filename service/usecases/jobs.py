@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from backfill_core.epoch import MAX_EPOCH
 from backfill_core.executors.source import split_key
 from backfill_core.schema import (
     SchemaError,
@@ -21,7 +22,7 @@ from backfill_core.schema import (
 )
 from backfill_core.view import View
 from connectors.kafka import KafkaSpec, KafkaUnavailable, topic_watermarks
-from service.catalog import events, idempotency, reader_views
+from service.catalog import events, idempotency, queries, reader_views
 from service.catalog.models import (
     MAIN_GRAPH_ID,
     EpochPin,
@@ -49,6 +50,7 @@ TABLE_KINDS = ("arrangement", "chain", "snapshot")
 MAX_PARALLELISM = 256
 MIN_REREAD_GAP_S = 0.01  # between re-reads of a creating job: collects land in bursts
 FIRST_COMMIT_WAIT_S = 30.0  # a create waits this long for the system's first commit
+NO_WORKER_GRACE_S = 15.0  # a foreground create waits this long for a worker to show up
 
 
 @dataclass(frozen=True)
@@ -217,7 +219,7 @@ def _insert_job(s: Session, spec: JobSpec, kind: str, source_total: int | None) 
     place_job_actors(s, job, up_schema.vnode_count, splits=_splits_of(source))
     # the total behind the percent: the upstream as the backfill starts, fixed, so
     # the percent never goes back while the upstream grows
-    total = source_total if source is not None else _upstream_rows(s, upstream)
+    total = source_total if source is not None else _upstream_rows(s, upstream, kind)
     s.add(JobProgress(job_id=job.id, total_estimate=total))
     events.record(s, "job_created", job.id, name=job.name, backfill=kind)
     return job
@@ -263,6 +265,11 @@ def _creating_graph(s: Session, job: Job, mv: Relation, upstream: Relation, comm
     s.flush()
 
 
+def waiting_for_worker(db: Database, job: Job) -> bool:
+    with db.transaction() as s:
+        return queries.waiting_for_worker(s, job.id)
+
+
 def get_job(db: Database, job_id: int) -> Job:
     with db.transaction() as s:
         return load_job(s, job_id)
@@ -279,11 +286,21 @@ def await_created(
     the control plane a request every time."""
     deadline = time.monotonic() + timeout_s
     seen = signal.generation  # taken before the job is read again: no wake-up missed
+    no_worker_since: float | None = None
     while job.state == "creating" and (left := deadline - time.monotonic()) > 0:
         seen = signal.wait(seen, min(left, recheck_s))
         job = get_job(db, job.id)
-        if job.state == "creating":
-            time.sleep(MIN_REREAD_GAP_S)
+        if job.state != "creating":
+            break
+        # a job no live worker runs would keep a client waiting for nothing: answer
+        # (202, waiting_for_worker) once that has lasted NO_WORKER_GRACE_S
+        if not waiting_for_worker(db, job):
+            no_worker_since = None
+        elif no_worker_since is None:
+            no_worker_since = time.monotonic()
+        elif time.monotonic() - no_worker_since >= NO_WORKER_GRACE_S:
+            break
+        time.sleep(MIN_REREAD_GAP_S)
     return job
 
 
@@ -326,14 +343,16 @@ def graph_of(db: Database, job: Job) -> Graph:
         return graph
 
 
-def _upstream_rows(s: Session, up: Relation | None) -> int:
-    """The upstream's rows at its committed epoch: a table's exact count, kept by its
-    DML; a view's counted through its reader view (``mv.<name>``, the committed
-    snapshot), as views are written by actors, not by DML."""
+def _upstream_rows(s: Session, up: Relation | None, kind: str) -> int:
+    """The rows the backfill reads: a table's exact count, kept by its DML, at the
+    snapshot (chain, snapshot) or now (arrangement reads the latest rows; a table's DML
+    is never rolled back); a view's counted through its reader view (``mv.<name>``, the
+    committed snapshot), as views are written by actors, not by DML."""
     if up is None:
         return 0
     if up.kind == "table":
-        return table_row_count(s, up.id, committed_epoch(s, up.graph_id))
+        at = committed_epoch(s, up.graph_id) if kind in ("chain", "snapshot") else MAX_EPOCH
+        return table_row_count(s, up.id, at)
     cur = raw_cursor(s)
     cur.execute(sql.SQL("SELECT count(*) FROM {}").format(reader_view_ident(up.name)))
     row = cur.fetchone()

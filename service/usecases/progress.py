@@ -19,7 +19,9 @@ from service.db import Database
 
 __all__ = ["RECENT_RECOVERIES", "JobProgressReport", "Phase", "job_progress", "report"]
 
-Phase = Literal["backfilling", "forwarding", "snapshot", "log_store", "finishing", "done"]
+Phase = Literal[
+    "waiting_for_worker", "backfilling", "forwarding", "snapshot", "log_store", "finishing", "done"
+]
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ def report(snap: ProgressSnapshot) -> JobProgressReport:
 def _phase(snap: ProgressSnapshot, done: bool) -> Phase:
     if done:
         return "done"
+    if snap.waiting_for_worker:
+        return "waiting_for_worker"
     if snap.log_store is not None:
         return snap.log_store.phase
     rows, splits = snap.vnodes, snap.splits

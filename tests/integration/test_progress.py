@@ -187,7 +187,7 @@ def test_the_total_is_the_upstreams_exact_row_count(client: TestClient, db: Data
     assert client.post("/v1/tables", json=table).status_code == 201
 
     def dml(ops: list[dict[str, Any]]) -> None:
-        r = client.post("/v1/tables/fresh/dml", json={"ops": ops})
+        r = client.post("/v1/tables/fresh/dml", json={"ops": ops}, params={"wait": "true"})
         assert r.status_code == 200, r.text
 
     dml([{"op": "insert", "row": {"id": i, "v": 0}} for i in range(3_000)])

@@ -139,6 +139,20 @@ def test_tables_and_views_get_their_sql_view_and_lose_it_when_dropped(
         assert cur.fetchone() == (None, None)
 
 
+@pytest.mark.parametrize("name", ["v", "x", "vn"])
+def test_a_relation_named_like_the_views_own_aliases_gets_its_view(
+    client: TestClient, db: Database, name: str
+) -> None:
+    """The view's SQL names a series and a subquery: a relation of the same name
+    (``v`` hid the series inside the subquery, and creating it failed) reads right."""
+    body = {"name": name, "columns": [{"name": "id", "type": "bigint"}], "primary_key": ["id"]}
+    assert client.post("/v1/tables", json=body).status_code == 201, name
+    ops = [{"op": "insert", "row": {"id": i}} for i in range(5)]
+    r = client.post(f"/v1/tables/{name}/dml", json={"ops": ops}, params={"wait": "true"})
+    assert r.status_code == 200, r.text
+    assert view_rows(db, name) == api_rows(client, name)[1] == [{"id": i} for i in range(5)]
+
+
 def test_a_key_lookup_through_the_view_uses_the_key_index(client: TestClient, db: Database) -> None:
     create(client)
     for lo in range(0, 4000, 1000):
