@@ -9,7 +9,9 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from service import heap
 from service.cli_operator import add_operator_commands, positive_int
@@ -57,12 +59,39 @@ def require_java() -> None:
         raise SystemExit(2)
 
 
+GRACEFUL_SHUTDOWN_S = 5  # open event streams and long polls get this long to end
+
+
+def _server_class(app: Any):  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """Stops the embedded worker before the server (which the worker calls while it
+        stops); open streams get a few seconds, not as long as they like."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            spawner = getattr(app.state, "spawner", None)
+            if spawner is None or getattr(self, "stopping_worker", False):
+                return super().handle_exit(sig, frame)  # a second signal: at once
+            self.stopping_worker = True
+            stop = super().handle_exit
+
+            def worker_first() -> None:
+                spawner.stop()
+                stop(sig, frame)
+
+            threading.Thread(target=worker_first, name="stop-worker", daemon=True).start()
+
+    return Server
+
+
 async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # type: ignore[no-untyped-def]
     import uvicorn
 
     from service.api.app import create_app
 
     app = create_app(settings)
+    _Server = _server_class(app)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -71,8 +100,9 @@ async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # t
         log_config=None,  # uvicorn's loggers go to the root's handler (service/logs.py)
         lifespan="on",
         access_log=access_log,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
@@ -80,6 +110,9 @@ async def _serve(settings, on_ready=None, access_log: bool = True) -> None:  # t
         port = server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.port
         url = f"http://{settings.host}:{port}"
         app.state.ctx.base_url = url
+        if app.state.spawner is not None:
+            # started before any job's actors are placed: a healthy start recovers nothing
+            app.state.spawner.ensure()
         print(f"backfill control plane ready at {url}", flush=True)
         heap.settle_after_start()
         if on_ready is not None:

@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
             else None
         )
         app.state.meta_loop = loop
+        app.state.spawner = spawner
         if loop is not None:
             loop.start()
         try:

@@ -19,6 +19,7 @@ from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
 from service.meta import metrics, sources
 from service.meta.epochs import next_epoch
+from service.meta.placement import place_unplaced
 from service.meta.sources import Marks
 from state_store.locks import GRAPH_GATE_LOCK
 
@@ -90,17 +91,32 @@ def inject(
     return barrier
 
 
-def pop_mutation(session: Session, graph_id: int) -> dict[str, Any] | None:
-    pending = session.execute(
+def _next_pending(session: Session, graph_id: int) -> PendingMutation | None:
+    return session.execute(
         select(PendingMutation)
         .where(PendingMutation.graph_id == graph_id)
         .order_by(PendingMutation.id)
         .limit(1)
         .with_for_update(skip_locked=True)
     ).scalar_one_or_none()
+
+
+def next_adds_placed(session: Session, graph_id: int) -> bool:
+    """The actors the graph's next mutation adds have a worker (placing those that were
+    created while none was live); False while no worker is live for them."""
+    pending = _next_pending(session, graph_id)
+    return pending is None or place_unplaced(session, pending.mutation.get("add") or [])
+
+
+def pop_mutation(session: Session, graph_id: int) -> dict[str, Any] | None:
+    pending = _next_pending(session, graph_id)
     if pending is None:
         return None
     mutation = dict(pending.mutation)
+    if mutation.get("add") and not place_unplaced(session, mutation["add"]):
+        # a job created before any worker registered (the embedded one is starting):
+        # its actors wait for one here rather than start orphaned and recover
+        return None
     session.delete(pending)
     return mutation
 

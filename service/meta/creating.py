@@ -46,6 +46,7 @@ from service.meta.barriers import (
     apply_lifetimes,
     lock_graph,
     merge_ceiling,
+    next_adds_placed,
     pop_mutation,
     try_complete,
 )
@@ -117,6 +118,8 @@ def inject(
     ).scalar_one_or_none()
     if graph is None or graph.state != "running" or graph.job_id is None:
         return []
+    if graph.current_epoch == 0 and not next_adds_placed(s, graph_id):
+        return []  # its actors wait for a worker to register: no barrier without them
     job = s.get(Job, graph.job_id)
     assert job is not None and job.snapshot_epoch is not None
     main = _main(s)

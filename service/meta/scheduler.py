@@ -2,46 +2,14 @@
 
 from __future__ import annotations
 
-import datetime as dt
-from collections import Counter
 from collections.abc import Sequence
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from backfill_core.vnode import even_split
-from service.catalog.models import Actor, Job, Worker
+from service.catalog.models import Actor, Job
 from service.meta.barriers import enqueue_mutation
-
-
-def live_workers(session: Session) -> list[Worker]:
-    now = dt.datetime.now(dt.UTC)
-    return list(
-        session.execute(
-            select(Worker)
-            .where(Worker.state == "alive", Worker.lease_expires_at > now)
-            .order_by(Worker.id)
-        ).scalars()
-    )
-
-
-def worker_loads(session: Session) -> Counter[int]:
-    rows = session.execute(
-        select(Actor.worker_id, func.count())
-        .where(Actor.worker_id.is_not(None), Actor.last_epoch.is_(None))
-        .group_by(Actor.worker_id)
-    ).all()
-    return Counter({w: n for w, n in rows})
-
-
-def pick_worker(workers: list[Worker], loads: Counter[int]) -> Worker | None:
-    """The live worker with the most spare capacity (ties: the oldest)."""
-    if not workers:
-        return None
-    best = min(workers, key=lambda w: (loads[w.id] / max(w.capacity, 1), w.id))
-    loads[best.id] += 1
-    return best
-
+from service.meta.placement import live_workers, pick_worker, worker_loads
 
 START_AT_RECOVERY = 0  # first_epoch of actors that the next recovery starts
 

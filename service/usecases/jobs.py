@@ -91,12 +91,14 @@ def create_job(
     spec: JobSpec,
     claim: idempotency.Claim | None = None,
     signal: BarrierSignal | None = None,
-    commit_wait_s: float = FIRST_COMMIT_WAIT_S,
+    commit_wait_s: float | None = None,
 ) -> Job:
     """The job, created (its view, actors and first mutation queued) or a 4xx that wrote
     nothing. A snapshot job asked for before the upstream committed any epoch (a service
     started seconds ago) asks ``signal`` for rounds and waits up to ``commit_wait_s`` for
     the first commit, instead of making every script that loads and creates retry."""
+    if commit_wait_s is None:
+        commit_wait_s = FIRST_COMMIT_WAIT_S
     deadline = time.monotonic() + commit_wait_s
     while True:
         seen = signal.generation if signal is not None else 0

@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -119,6 +120,63 @@ def test_serve_on_the_embedded_default_prints_its_url_and_answers(tmp_path: Path
         proc.terminate()
         proc.wait(timeout=60)
     assert proc.returncode == 0
+
+
+def test_a_healthy_start_recovers_nothing_and_sigterm_stops_worker_then_server(
+    tmp_path: Path,
+) -> None:
+    """The embedded worker starts with the server, before any job: a job created at once
+    after start-up is placed on it (waiting for it to register if need be) instead of
+    recovering for want of a worker. SIGTERM stops that worker first, then the server,
+    with no error logged by either."""
+    from tests.kit.auth import http_client
+
+    log = tmp_path / "serve.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [BACKFILL, "serve", "--port", "0", "--data-dir", str(tmp_path / "data")],
+            stdout=subprocess.PIPE,
+            stderr=out,
+            text=True,
+            env=_embedded_env() | {"BACKFILL_SPARK_MODE": "never"},
+        )
+        try:
+            url = _ready_url(proc)
+            with http_client(url) as http:
+                table = {
+                    "name": "t",
+                    "columns": [{"name": "id", "type": "bigint"}],
+                    "primary_key": ["id"],
+                }
+                assert http.post("/v1/tables", json=table).status_code == 201
+                ops = [{"op": "insert", "row": {"id": i}} for i in range(1_000)]
+                assert http.post("/v1/tables/t/dml", json={"ops": ops}).status_code == 200
+                for kind in ("arrangement", "snapshot"):
+                    body = {"name": f"v_{kind}", "upstream": {"table": "t"}, "backfill": kind}
+                    r = http.post("/v1/jobs", json=body | {"background": False}, timeout=300)
+                    assert r.status_code == 201, r.text
+                    p = http.get(f"/v1/jobs/{r.json()['id']}/progress").json()
+                    assert p["recent_recoveries"] == [], p
+                    assert (p["rows"], p["total_estimate"]) == (1_000, 1_000), p
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    assert proc.returncode == 0
+    text = log.read_text()
+    assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
+    assert "starting an embedded worker" in text
+
+
+def _ready_url(proc: subprocess.Popen[str]) -> str:
+    deadline = time.monotonic() + 120
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        if "ready at " in line:
+            return line.rsplit("ready at ", 1)[1].strip()
+    raise AssertionError("serve never printed its URL")
 
 
 def test_demo_runs_end_to_end_on_the_embedded_default(tmp_path: Path) -> None:

@@ -212,24 +212,30 @@ def test_failure_report_and_restart_recover(
     successor._drop_lock_conn()
 
 
-def test_no_live_worker_keeps_the_graph_recovering_until_one_registers(
+def test_actors_placed_while_no_worker_is_live_wait_for_one_without_a_recovery(
     manual: tuple[TestClient, MetaLoop], db: Database
 ) -> None:
+    """A job created before any worker registered (the embedded one still starting): its
+    actors are not started orphaned (a recovery at once) but wait, with the mutation
+    that adds them, while the graph's barriers go on; the first worker to register gets
+    them at the next barrier."""
     client, loop = manual
-    make_job(db, "j", parallelism=2)  # nobody to run it
+    job = make_job(db, "j", parallelism=2)  # nobody to run it
     loop.tick()
     loop.tick()
+    state = "SELECT state, recovery_seq FROM graphs WHERE id = 1"
     with db.engine.connect() as conn:
-        assert conn.execute(text("SELECT state FROM graphs WHERE id = 1")).scalar() == "recovering"
-    n = len(barriers_of(db))
-    loop.tick()
-    assert len(barriers_of(db)) == n  # no injection while recovering
+        assert tuple(conn.execute(text(state)).one()) == ("running", 0)
+    assert len(barriers_of(db)) >= 2
+    assert not any((b.mutation or {}).get("add") for b in barriers_of(db))
+    assert all(a.worker_id is None and a.first_epoch is None for a in actors_of(db, job))
     w = FakeWorker(client).register()
     loop.tick()
     loop.tick()
     assert w.collect_all() >= 2
     with db.engine.connect() as conn:
-        assert conn.execute(text("SELECT state FROM graphs WHERE id = 1")).scalar() == "running"
+        assert tuple(conn.execute(text(state)).one()) == ("running", 0)
+    assert {a.worker_id for a in actors_of(db, job)} == {w.worker_id}
 
 
 def test_batched_collects_are_all_or_nothing(

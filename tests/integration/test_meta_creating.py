@@ -17,6 +17,7 @@ from service.db import Database
 from service.meta import barriers
 from service.meta.creating import fake_epoch_after, merge_ceiling
 from service.meta.loop import MetaLoop
+from service.usecases import jobs as jobs_usecase
 from tests.integration.test_health_and_errors import assert_error
 from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch, manual_api
 
@@ -190,14 +191,16 @@ def test_a_job_asks_for_a_round_of_its_own_graph_only(
 
 
 def test_a_snapshot_job_needs_a_committed_upstream_epoch(
-    manual: tuple[TestClient, MetaLoop],
+    manual: tuple[TestClient, MetaLoop], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """It waits (bounded) for the first commit; with no barrier loop running, none comes."""
     client, _ = manual
+    monkeypatch.setattr(jobs_usecase, "FIRST_COMMIT_WAIT_S", 0.5)
     assert client.post("/v1/tables", json=TABLE).status_code == 201
     body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
     r = client.post("/v1/jobs", json=body)
     assert r.status_code == 409, r.text
-    assert "committed epoch" in r.json()["error"]["message"]
+    assert "no epoch was committed within" in r.json()["error"]["message"]
     assert client.get("/v1/jobs").json()["jobs"] == []  # nothing half-created
 
 
