@@ -23,6 +23,7 @@ from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import SUPERSEDED, Assignment, CollectRequest, ErrorCode
 from spark_workers.actors import ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
+from spark_workers.log_ids import label_log_records
 from spark_workers.rounds import RoundsJob, rounds_eligible
 from spark_workers.settings import WorkerSettings, load_worker_settings
 from spark_workers.source_actor import SourceRunner
@@ -77,6 +78,7 @@ class Worker:
                 self.spark = SparkPath(
                     self.settings.spark_master, reg.database_url, pushdown=self.settings.pushdown
                 )
+        label_log_records(worker_id=self.client.worker_id)
         log.info("registered as worker %s", self.client.worker_id)
 
     def _heartbeats(self) -> None:

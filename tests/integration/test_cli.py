@@ -1,5 +1,6 @@
 """The CLI as a user runs it: real processes, the embedded Postgres, real HTTP."""
 
+import json
 import os
 import shutil
 import signal
@@ -138,7 +139,7 @@ def test_a_healthy_start_recovers_nothing_and_sigterm_stops_worker_then_server(
             stdout=subprocess.PIPE,
             stderr=out,
             text=True,
-            env=_embedded_env() | {"BACKFILL_SPARK_MODE": "never"},
+            env=_embedded_env() | {"BACKFILL_SPARK_MODE": "never", "BACKFILL_LOG_FORMAT": "json"},
         )
         try:
             url = _ready_url(proc)
@@ -163,8 +164,15 @@ def test_a_healthy_start_recovers_nothing_and_sigterm_stops_worker_then_server(
             proc.wait(timeout=60)
     assert proc.returncode == 0
     text = log.read_text()
-    assert "Traceback" not in text and " ERROR " not in text, text[-3000:]
-    assert "starting an embedded worker" in text
+    assert "Traceback" not in text and '"level": "error"' not in text, text[-3000:]
+    lines = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
+    assert any(ln["message"].startswith("starting an embedded worker") for ln in lines)
+    # the worker's own lines carry its id
+    (registered,) = (ln for ln in lines if ln["message"].startswith("registered as worker"))
+    assert registered["message"] == f"registered as worker {registered['worker_id']}"
+    assert any(
+        ln.get("worker_id") == registered["worker_id"] and ln is not registered for ln in lines
+    ), "no other line of the worker carries its id"
 
 
 def _ready_url(proc: subprocess.Popen[str]) -> str:
