@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         le=1024 * 1024 * 1024,
         description="larger request bodies are refused with a 413 before they are parsed",
     )
+    max_event_streams_per_token: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="following event streams one token (or address) may hold open; past it, 429",
+    )
     idempotency_ttl_s: int = Field(
         default=86_400,
         ge=1,

@@ -27,6 +27,7 @@ from service.api import (
 from service.api.auth import BearerAuth, configured_tokens, document_security
 from service.api.bodies import document_components, document_raw_bodies
 from service.api.errors import document_unavailable, install_error_handlers
+from service.api.event_hub import EventHub
 from service.api.event_schemas import event_components
 from service.api.limits import BodySizeLimit, reject_unknown_query
 from service.api.request_ids import RequestIds
@@ -82,6 +83,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         )
         app.state.meta_loop = loop
         app.state.spawner = spawner
+        app.state.event_hub = EventHub(database, settings.max_event_streams_per_token)
         if loop is not None:
             loop.start()
         try:

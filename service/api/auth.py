@@ -99,6 +99,8 @@ class BearerAuth:
         if role is None:
             await _refuse(scope, receive, send, _unauthorized("the token is not valid", True))
             return
+        # whom a per-client limit counts (the event streams' cap)
+        scope.setdefault("state", {})["client_key"] = f"token:{token_hash[:16]}"
         if role not in roles:
             need = sorted(roles)
             exc = Forbidden(

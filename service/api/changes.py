@@ -22,7 +22,8 @@ from pydantic import TypeAdapter, ValidationError, WithJsonSchema
 from service.api.deps import get_ctx
 from service.api.epochs import EpochAfterQuery
 from service.api.errors import ERROR_RESPONSES
-from service.api.events import KEEPALIVE_S, POLL_S
+from service.api.event_hub import POLL_S
+from service.api.events import KEEPALIVE_S
 from service.context import ServiceContext
 from service.errors import BadRequest, Conflict, Gone, NotFound
 from service.usecases.changes import EPOCHS_PER_PIECE, EpochChanges, FeedPiece, read_feed

@@ -7,8 +7,8 @@ Epochs in the data (``epoch``, ``..._epoch``) are decimal strings (``service.api
 
 from __future__ import annotations
 
-import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated
@@ -21,6 +21,7 @@ from pydantic import WithJsonSchema
 from service.api.deps import get_ctx
 from service.api.epochs import epochs_as_text
 from service.api.errors import ERROR_RESPONSES
+from service.api.event_hub import EventHub
 from service.api.event_schemas import EVENT_SCHEMA
 from service.catalog import events
 from service.context import ServiceContext
@@ -30,7 +31,7 @@ from service.usecases import jobs
 router = APIRouter(tags=["events"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
 
-POLL_S = 0.25
+WAKE_S = 1.0  # a quiet stream looks at its connection this often
 KEEPALIVE_S = 15.0
 SSE_RESPONSE = {
     200: {
@@ -38,6 +39,15 @@ SSE_RESPONSE = {
         "(JSON; epochs as decimal strings). The schema is one event's: a branch per kind, "
         "its `data` the JSON of the kind's model (`JobCreatedEvent`, `PausedEvent`, ...)",
         "content": {"text/event-stream": {"schema": EVENT_SCHEMA}},
+    }
+}
+
+TOO_MANY_STREAMS = {
+    429: ERROR_RESPONSES[404]
+    | {
+        "description": "too many event streams are open for this token (`too_many_streams`); "
+        "`Retry-After` says when to try again",
+        "headers": {"Retry-After": {"schema": {"type": "integer"}}},
     }
 }
 
@@ -59,29 +69,52 @@ def _start(after: int | None, last_event_id: str | None) -> int:
 async def _stream(
     request: Request, ctx: ServiceContext, start: int, job_id: int | None, follow: bool
 ) -> AsyncIterator[str]:
+    """What exists after ``start``, read from the database; then, following, new events
+    from the process's hub (``service/api/event_hub.py``), not a poll of its own."""
     last = start
-    idle = 0.0
     yield "retry: 2000\n\n"
+    hub: EventHub = request.app.state.event_hub
+    quiet_since = time.monotonic()
     while True:
-        batch = await run_in_threadpool(events.after, ctx.db, last, job_id)
+        batch = hub.since(last, job_id) if follow else None
+        if batch is None:
+            batch = await run_in_threadpool(events.after, ctx.db, last, job_id)
         for e in batch:
             # stored with integer epochs; sent as strings, as in every answer
             data = {"job_id": e.job_id, "at": e.created_at.isoformat(), **epochs_as_text(e.data)}
             yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(data)}\n\n"
             last = e.id
         if batch:
-            idle = 0.0
+            quiet_since = time.monotonic()
             continue
         if not follow or await request.is_disconnected():
             return
-        await asyncio.sleep(POLL_S)
-        idle += POLL_S
-        if idle >= KEEPALIVE_S:
-            idle = 0.0
+        await hub.wait(WAKE_S)
+        if time.monotonic() - quiet_since >= KEEPALIVE_S:
+            quiet_since = time.monotonic()
             yield ": keep-alive\n\n"
 
 
-def _response(gen: AsyncIterator[str]) -> StreamingResponse:
+async def _followed(hub: EventHub, client: str, gen: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``gen`` counted as one of its client's open streams for as long as it runs."""
+    async with hub.following(client):
+        async for chunk in gen:
+            yield chunk
+
+
+def _client_key(request: Request) -> str:
+    key = request.scope.get("state", {}).get("client_key")
+    if key is None:  # authentication off: its address
+        key = f"address:{request.client.host if request.client else '?'}"
+    return str(key)
+
+
+def _response(request: Request, gen: AsyncIterator[str], follow: bool) -> StreamingResponse:
+    if follow:  # counted while it runs; refused up front past the client's cap
+        hub: EventHub = request.app.state.event_hub
+        client = _client_key(request)
+        hub.check_cap(client)
+        gen = _followed(hub, client, gen)
     return StreamingResponse(
         gen,
         media_type="text/event-stream",
@@ -115,19 +148,19 @@ From = Annotated[StreamFrom, Depends(stream_from)]
 @router.get(
     "/v1/events",
     response_class=StreamingResponse,
-    responses=SSE_RESPONSE,
+    responses=SSE_RESPONSE | TOO_MANY_STREAMS,
     operation_id="streamEvents",
 )
 def all_events(request: Request, ctx: Ctx, at: From) -> StreamingResponse:
-    return _response(_stream(request, ctx, at.start, None, at.follow))
+    return _response(request, _stream(request, ctx, at.start, None, at.follow), at.follow)
 
 
 @router.get(
     "/v1/jobs/{job_id}/events",
     response_class=StreamingResponse,
-    responses=SSE_RESPONSE,
+    responses=SSE_RESPONSE | TOO_MANY_STREAMS,
     operation_id="streamJobEvents",
 )
 def job_events(job_id: int, request: Request, ctx: Ctx, at: From) -> StreamingResponse:
     jobs.get_job(ctx.db, job_id)  # 404 for an unknown job, before the stream starts
-    return _response(_stream(request, ctx, at.start, job_id, at.follow))
+    return _response(request, _stream(request, ctx, at.start, job_id, at.follow), at.follow)

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
+import threading
+from types import SimpleNamespace
 from typing import Any
 
 from fastapi.testclient import TestClient
 
+from service.api import app as app_module
+from service.api import events as events_route
+from service.api.event_hub import EventHub
+from service.catalog import events as catalog_events
 from service.db import Database
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_tables_api import ORDERS, create
 from tests.kit.auth import http_client
+from tests.kit.e2e import wait_for
 from tests.kit.live import live_server
 
 
@@ -106,3 +113,70 @@ def test_bad_event_requests(client: TestClient) -> None:
     r = client.get("/v1/events", params={"follow": "false"}, headers={"Last-Event-ID": "x1"})
     assert_error(r, 400, "bad_request")
     assert_error(client.get("/v1/events", params={"after": -1}), 422, "validation_error")
+
+
+def test_following_streams_share_one_reader_each_gets_every_event_once_and_are_capped(
+    db: Database, settings: Settings, monkeypatch: Any
+) -> None:
+    """Streams that follow take new events from the process's one reader (the hub), not
+    from polls of their own; each gets every event once; a token past its cap of open
+    streams gets 429 with Retry-After."""
+    hubs: list[EventHub] = []
+
+    class Recorded(EventHub):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            hubs.append(self)
+
+    monkeypatch.setattr(app_module, "EventHub", Recorded)
+    stream_reads = [0]
+
+    def counted_after(*args: Any, **kwargs: Any) -> Any:
+        stream_reads[0] += 1
+        return catalog_events.after(*args, **kwargs)
+
+    monkeypatch.setattr(events_route, "events", SimpleNamespace(after=counted_after))
+    n = 12
+    capped = settings.model_copy(update={"max_event_streams_per_token": n})
+    with live_server(capped, db) as url, http_client(url, timeout=60) as http:
+        create(http, ORDERS)  # type: ignore[arg-type]
+        job = _job(http)
+        start = parse_sse(http.get("/v1/events", params={"follow": "false"}).text)[-1]["id"]
+        (hub,) = hubs
+        received: list[list[dict[str, Any]]] = [[] for _ in range(n)]
+
+        def follow(i: int) -> None:
+            with (
+                http_client(url, timeout=60) as own,
+                own.stream("GET", "/v1/events", params={"after": start}) as stream,
+            ):
+                buf = ""
+                for chunk in stream.iter_text():
+                    buf += chunk
+                    received[i] = parse_sse(buf[: buf.rfind("\n\n") + 2])
+                    if len(received[i]) >= 6:
+                        return
+
+        threads = [threading.Thread(target=follow, args=(i,), daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        wait_for(lambda: hub.followers == n, what=f"{n} streams following")
+        r = http.get("/v1/events")
+        assert_error(r, 429, "too_many_streams")
+        assert r.headers["Retry-After"] == "5"
+        assert http.get("/v1/events", params={"follow": "false"}).status_code == 200
+        # once the hub reads, and every stream looked at it since, no stream reads alone
+        first = hub.reads
+        wait_for(lambda: hub.reads >= first + 6, what="the hub polling")
+        before = stream_reads[0]
+        for _ in range(3):
+            assert http.post(f"/v1/jobs/{job}/pause").status_code == 200
+            assert http.post(f"/v1/jobs/{job}/resume").status_code == 200
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        assert stream_reads[0] == before
+        kinds = [[e["event"] for e in got] for got in received]
+        assert kinds == [["paused", "resumed"] * 3] * n
+        ids = {tuple(e["id"] for e in got) for got in received}
+        assert len(ids) == 1 and len(set(next(iter(ids)))) == 6
