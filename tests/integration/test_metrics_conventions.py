@@ -5,8 +5,11 @@ owns (``job``, ``instance``), help on every family, the process and Python colle
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
+import yaml
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -84,3 +87,31 @@ def test_the_linter_finds_what_it_looks_for() -> None:
         "backfill_things_total: a gauge ending in _total",
         "backfill_wait: a histogram without its unit",
     ]
+
+
+def test_the_grafana_dashboard_queries_only_series_the_service_exports(
+    client: TestClient, db: Database
+) -> None:
+    """deploy/grafana/dashboards/backfill.json (provisioned by docker-compose.yml): every
+    series a panel's query names is one /metrics exports, and every panel reads the
+    provisioned Prometheus."""
+    make_job(db, "dash", 1)
+    assert client.get("/v1/jobs/999999").status_code == 404
+    exported: set[str] = set()
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        suffixes = {
+            "counter": ("_total",),
+            "histogram": ("_bucket", "_sum", "_count"),
+            "summary": ("_sum", "_count"),
+        }.get(family.type, ("",))
+        exported |= {family.name + s for s in suffixes}
+    root = Path(__file__).resolve().parents[2] / "deploy" / "grafana"
+    source = yaml.safe_load((root / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    (uid,) = {d["uid"] for d in source["datasources"]}
+    dashboard = json.loads((root / "dashboards" / "backfill.json").read_text())
+    assert dashboard["panels"], "an empty dashboard"
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == uid, panel["title"]
+        for target in panel["targets"]:
+            used = set(re.findall(r"\b((?:backfill|process|python)_[a-z0-9_]+)", target["expr"]))
+            assert used and used <= exported, (panel["title"], sorted(used - exported))

@@ -558,3 +558,36 @@ def test_kafka_is_single_node_kraft_reachable_as_kafka_9092(services: dict[str, 
     assert set(bound) <= set(protocols), "a listener has no security protocol"
     assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] in bound
     assert env["KAFKA_CONTROLLER_LISTENER_NAMES"] not in advertised
+
+
+def test_prometheus_scrapes_the_control_plane_and_grafana_gets_the_dashboard(
+    services: dict[str, Any],
+) -> None:
+    """Prometheus scrapes the control plane's /metrics, which needs no token by default;
+    Grafana mounts the provisioning (data source, dashboard provider) and the dashboards
+    where the provider looks."""
+    from service.settings import DEFAULT_OPEN_PATHS
+
+    def mounts(name: str) -> dict[str, Path]:
+        out = {}
+        for volume in services[name]["volumes"]:
+            src, dst = volume.split(":")[:2]
+            assert (ROOT / src).exists(), f"{name} mounts a missing {src}"
+            out[dst] = ROOT / src
+        return out
+
+    prom = mounts("prometheus")["/etc/prometheus/prometheus.yml"]
+    (scrape,) = yaml.safe_load(prom.read_text())["scrape_configs"]
+    assert scrape["metrics_path"] == "/metrics" and "/metrics" in DEFAULT_OPEN_PATHS
+    assert scrape["static_configs"][0]["targets"] == ["control-plane:8000"]
+    grafana = mounts("grafana")
+    provisioning = grafana["/etc/grafana/provisioning"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "backfill.yml").read_text())[
+        "providers"
+    ]
+    assert list(grafana[provider["options"]["path"]].glob("*.json"))
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["url"] == "http://prometheus:9090"
+    assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
