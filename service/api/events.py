@@ -124,22 +124,39 @@ def _response(request: Request, gen: AsyncIterator[str], follow: bool) -> Stream
 
 @dataclass
 class StreamFrom:
-    """Where a stream starts (``Last-Event-ID`` wins over ``after``) and whether it follows."""
+    """Where a stream starts (``Last-Event-ID`` wins over ``after``, which wins over
+    ``recent``) and whether it follows."""
 
     start: int
     follow: bool
+    recent: int | None = None
+
+    def start_for(self, ctx: ServiceContext, job_id: int | None) -> int:
+        if self.recent is None:
+            return self.start
+        return events.before_recent(ctx.db, self.recent, job_id)
 
 
 def stream_from(
     after: Annotated[int | None, Query(ge=0, description="start after this event id")] = None,
     follow: Annotated[bool, Query(description="keep the stream open for new events")] = True,
+    recent: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=events.PAGE,
+            description="start with the latest `recent` events instead of the first "
+            "(a dashboard's first load); `after` and `Last-Event-ID` win over it",
+        ),
+    ] = None,
     last_event_id: Annotated[
         str | None,
         Header(description="an event id: resume after it (wins over `after`)"),
         WithJsonSchema({"type": "string", "pattern": "^[0-9]{1,18}$"}),
     ] = None,
 ) -> StreamFrom:
-    return StreamFrom(_start(after, last_event_id), follow)
+    given = after is not None or last_event_id is not None
+    return StreamFrom(_start(after, last_event_id), follow, None if given else recent)
 
 
 From = Annotated[StreamFrom, Depends(stream_from)]
@@ -152,7 +169,8 @@ From = Annotated[StreamFrom, Depends(stream_from)]
     operation_id="streamEvents",
 )
 def all_events(request: Request, ctx: Ctx, at: From) -> StreamingResponse:
-    return _response(request, _stream(request, ctx, at.start, None, at.follow), at.follow)
+    start = at.start_for(ctx, None)
+    return _response(request, _stream(request, ctx, start, None, at.follow), at.follow)
 
 
 @router.get(
@@ -163,4 +181,5 @@ def all_events(request: Request, ctx: Ctx, at: From) -> StreamingResponse:
 )
 def job_events(job_id: int, request: Request, ctx: Ctx, at: From) -> StreamingResponse:
     jobs.get_job(ctx.db, job_id)  # 404 for an unknown job, before the stream starts
-    return _response(request, _stream(request, ctx, at.start, job_id, at.follow), at.follow)
+    start = at.start_for(ctx, job_id)
+    return _response(request, _stream(request, ctx, start, job_id, at.follow), at.follow)

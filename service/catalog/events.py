@@ -35,3 +35,14 @@ def after(db: Database, last_id: int, job_id: int | None = None, limit: int = PA
         if job_id is not None:
             q = q.where(Event.job_id == job_id)
         return list(s.execute(q.order_by(Event.id).limit(limit)).scalars())
+
+
+def before_recent(db: Database, count: int, job_id: int | None = None) -> int:
+    """The id just below the ``count`` latest events (of one job, or all): a stream
+    that starts after it begins with them."""
+    with db.transaction() as s:
+        q = select(Event.id).order_by(Event.id.desc()).offset(count - 1).limit(1)
+        if job_id is not None:
+            q = q.where(Event.job_id == job_id)
+        nth = s.execute(q).scalar_one_or_none()
+    return 0 if nth is None else int(nth) - 1

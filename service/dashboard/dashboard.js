@@ -10,10 +10,16 @@ const POLL_MS = 1000;
 const RATE_WINDOW_MS = 3000; // rows/s is measured over at least this much time
 const SPARK_POINTS = 60;
 const MAX_EVENTS = 500;
+const RECENT_EVENTS = 100; // the first load shows these, not every event since id 0
 const EVENT_KINDS = [
   "job_created", "paused", "resumed", "throttled", "rescaled", "phase_changed",
-  "recovered", "created", "cancelled", "dropped",
+  "recovered", "created", "cancelled", "dropped", "failed", "retried", "rows_skipped",
 ];
+// each kind's vnode states, as the heatmap draws them: not started, under way, done
+const VNODE_LOOK = {
+  not_started: "not_started", in_progress: "in_progress", completed: "completed",
+  consuming: "in_progress", consumed: "completed",
+};
 
 const $ = (id) => document.getElementById(id);
 
@@ -258,6 +264,34 @@ async function refreshList() {
     if (progress[i]) state.progress.set(job.id, progress[i]);
   });
   if (state.route.name === "list") renderList(page.jobs, progress);
+  const workers = await api("GET", "v1/workers").catch(() => null);
+  state.workers = workers ? workers.workers : [];
+  if (state.route.name === "list" && workers) renderWorkers(state.workers);
+}
+
+function renderWorkers(workers) {
+  $("workers-body").replaceChildren(
+    ...workers.map((w) =>
+      el(
+        "tr",
+        { "data-worker-id": String(w.id) },
+        el("td", { text: w.name }),
+        el("td", {}, el("span", { class: `badge ${w.state === "alive" ? "created" : "failed"}`, text: w.state })),
+        el("td", { class: "num", text: fmtInt(w.actors.length) }),
+        el("td", { class: "num", text: fmtInt(w.capacity) }),
+        el("td", { text: new Date(w.last_heartbeat_at).toLocaleTimeString() }),
+      ),
+    ),
+  );
+  $("workers-empty").hidden = workers.some((w) => w.state === "alive");
+}
+
+// where a job's actors run: "worker-a (2), worker-b (1)"
+function placement(jobId) {
+  const on = (state.workers || [])
+    .map((w) => [w.name, w.actors.filter((a) => a.job_id === jobId).length])
+    .filter(([, n]) => n > 0);
+  return on.length ? on.map(([name, n]) => `${name} (${n})`).join(", ") : undefined;
 }
 
 function renderList(jobs, progress) {
@@ -293,10 +327,12 @@ function renderList(jobs, progress) {
 // ---------------------------------------------------------------- one job
 
 async function refreshJob(id) {
-  const [job, progress] = await Promise.all([
+  const [job, progress, workers] = await Promise.all([
     api("GET", `v1/jobs/${id}`),
     api("GET", `v1/jobs/${id}/progress`),
+    api("GET", "v1/workers").catch(() => null),
   ]);
+  if (workers) state.workers = workers.workers;
   if (state.route.name !== "job" || state.route.id !== id) return;
   state.progress.set(id, progress);
   sample(progress.rows);
@@ -351,15 +387,23 @@ function renderJob(job, progress) {
     $("job-percent").textContent = "estimating…";
   }
   // epochs are decimal strings (docs/api.md#epochs): shown as they come, never through
-  // Number(), which rounds them past 2^53 (compare them as BigInt if ever needed)
+  // Number(), which rounds them past 2^53 (compare them as BigInt if ever needed).
+  // A snapshot job reading its snapshot commits epochs of its own (far below real
+  // ones): it shows the epoch it reads at instead.
+  const epoch =
+    progress.phase === "snapshot" && progress.snapshot_epoch !== null
+      ? `reading the snapshot at epoch ${progress.snapshot_epoch}`
+      : `committed epoch ${progress.committed_epoch}`;
   $("job-rows").textContent =
-    `${fmtInt(progress.rows)} of ${total ? `about ${fmtInt(progress.total_estimate)}` : "an unknown number of"} rows · ` +
-    `committed epoch ${progress.committed_epoch}`;
+    `${fmtInt(progress.rows)} of ${total ? fmtInt(progress.total_estimate) : "an unknown number of"} rows · ${epoch}`;
 
   const active = job.state === "creating" || job.state === "created";
   $("pause").disabled = !active || job.paused;
   $("resume").disabled = !active || !job.paused;
   $("apply-rate").disabled = !active;
+  $("retry").hidden = job.state !== "failed";
+  $("job-failure").hidden = job.state !== "failed" || !job.error;
+  $("job-failure").textContent = job.state === "failed" && job.error ? `Failed: ${job.error}` : "";
   const input = $("rate-limit");
   if (!state.rateEdited && document.activeElement !== input) showRateLimit(job);
 
@@ -372,6 +416,7 @@ function renderJob(job, progress) {
     ["rate limit", job.rate_limit === null ? "none" : `${fmtInt(job.rate_limit)} rows/s per actor`],
     ["recoveries", job.recoveries],
     ["recovering", job.recovering ? `yes (${job.recovery_reason || "no reason given"})` : "no"],
+    ["actors on", placement(job.id) || (job.waiting_for_worker ? "no live worker: waiting for one" : undefined)],
     ["finished epoch", job.finished_epoch],
     ["created at", new Date(job.created_at).toLocaleString()],
     ["error", job.error === null ? undefined : job.error],
@@ -381,10 +426,16 @@ function renderJob(job, progress) {
   fillDetails($("server-rate"), [
     ["server rows/s", "rows_per_s" in progress ? fmtInt(progress.rows_per_s) : undefined],
     ["ETA", "eta_s" in progress ? fmtSeconds(progress.eta_s) : undefined],
-    ["lag", "lag_ms" in progress && progress.lag_ms !== null ? `${fmtInt(progress.lag_ms)} ms` : undefined],
+    [
+      "log store lag",
+      progress.log_store_lag_ms === null || progress.log_store_lag_ms === undefined
+        ? undefined
+        : `${fmtInt(progress.log_store_lag_ms)} ms (${fmtInt(progress.log_store_lag_epochs)} epochs)`,
+    ],
   ]);
 
-  renderHeatmap(progress.vnodes || []);
+  renderRecoveries(progress.recent_recoveries || []);
+  renderHeatmap(progress.vnodes || [], job.kind);
   renderSplits(progress.splits || []);
 }
 
@@ -406,7 +457,26 @@ function renderSplits(splits) {
   );
 }
 
-function renderHeatmap(vnodes) {
+function renderRecoveries(recoveries) {
+  const list = $("job-recoveries");
+  list.replaceChildren(
+    ...recoveries.map((r) =>
+      el(
+        "li",
+        {},
+        el("time", { datetime: r.at, text: new Date(r.at).toLocaleTimeString() }),
+        r.reason || "no reason given",
+      ),
+    ),
+  );
+  if (recoveries.length === 0) list.replaceChildren(el("li", { class: "muted", text: "none" }));
+}
+
+function renderHeatmap(vnodes, kind) {
+  // a snapshot backfill's vnodes are consuming, then consumed (its snapshot read)
+  const snapshot = kind === "snapshot";
+  $("legend-in-progress").textContent = snapshot ? "consuming" : "in progress";
+  $("legend-completed").textContent = snapshot ? "consumed" : "completed";
   const map = $("heatmap");
   $("heatmap-empty").hidden = vnodes.length > 0;
   if (map.children.length !== vnodes.length) {
@@ -416,13 +486,15 @@ function renderHeatmap(vnodes) {
   const most = Math.max(1, ...vnodes.map((v) => v.rows));
   map.setAttribute(
     "aria-label",
-    `Per-vnode progress: ${vnodes.filter((v) => v.state === "completed").length} of ${vnodes.length} vnodes completed`,
+    `Per-vnode progress: ${vnodes.filter((v) => VNODE_LOOK[v.state] === "completed").length} of ${vnodes.length} vnodes done`,
   );
   vnodes.forEach((v, i) => {
     const cell = map.children[i];
-    cell.className = `cell ${v.state}`;
-    // in-progress cells get darker as they read more rows
-    cell.style.opacity = v.state === "in_progress" ? String(0.35 + 0.65 * (v.rows / most)) : "";
+    const look = VNODE_LOOK[v.state] || "not_started";
+    cell.className = `cell ${look}`;
+    cell.dataset.state = v.state;
+    // cells under way get darker as they read more rows
+    cell.style.opacity = look === "in_progress" ? String(0.35 + 0.65 * (v.rows / most)) : "";
     cell.title = `vnode ${v.vnode}: ${v.state}, ${fmtInt(v.rows)} rows`;
   });
 }
@@ -478,7 +550,9 @@ async function connectEvents() {
       const token = getToken();
       const headers = withToken({ Accept: "text/event-stream" });
       if (lastId !== null) headers["Last-Event-ID"] = lastId;
-      const response = await fetch("v1/events", { headers, cache: "no-store" });
+      // the first load starts with the latest events; a reconnect resumes after the last
+      const url = lastId === null ? `v1/events?recent=${RECENT_EVENTS}` : "v1/events";
+      const response = await fetch(url, { headers, cache: "no-store" });
       if (response.status === 401) {
         if (token !== getToken()) continue; // a new one came meanwhile
         askForToken(token ? "The token was not accepted." : "");
@@ -574,6 +648,7 @@ function init() {
   });
   $("pause").addEventListener("click", () => act("POST", `v1/jobs/${state.route.id}/pause`));
   $("resume").addEventListener("click", () => act("POST", `v1/jobs/${state.route.id}/resume`));
+  $("retry").addEventListener("click", () => act("POST", `v1/jobs/${state.route.id}/retry`));
   $("rate-form").addEventListener("submit", (ev) => {
     ev.preventDefault();
     const raw = $("rate-limit").value.trim();

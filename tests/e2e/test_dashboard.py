@@ -13,7 +13,6 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
-from sqlalchemy import text
 
 from service.db import Database
 from spark_workers.runtime import Worker
@@ -68,11 +67,7 @@ def test_dashboard_shows_and_steers_a_running_job(
 ) -> None:
     http, _ = cluster
     base = str(http.base_url).rstrip("/")
-    load(http, 30_000)
-    # the total behind the percent is the planner's estimate: have it now, not whenever
-    # autovacuum gets to the new table (until then the page shows an unknown total)
-    with db.engine.begin() as conn:
-        conn.execute(text("ANALYZE"))
+    load(http, 30_000)  # the total is the table's exact count: known at once
     # 2 actors at 500 rows/s each, then 100: a minute or more of backfill, time for every
     # step below even on a slow machine (the last step lifts the limit)
     job_id = create_job(http, "dash_orders", rate_limit=500)
@@ -180,4 +175,42 @@ def test_dashboard_shows_and_steers_a_running_job(
 
     assert page_errors == []
     assert outside == []
+    page.close()
+
+
+def test_dashboard_shows_a_snapshot_jobs_vnodes_its_worker_and_recent_events(
+    cluster: tuple[httpx.Client, Worker], browser: Browser
+) -> None:
+    """A snapshot job (the default kind) reading its snapshot: its vnodes drawn as under
+    way (they are consuming, then consumed), the epoch it reads at rather than its own
+    phase-1 epochs, the worker its actors run on; the first load asks for recent events
+    only."""
+    http, worker = cluster
+    base = str(http.base_url).rstrip("/")
+    load(http, 30_000)
+    job_id = create_job(http, "snap", "snapshot", rate_limit=300)
+    snapshot_epoch = job(http, job_id)["snapshot_epoch"]
+    page: Page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    page_errors: list[str] = []
+    page.on("pageerror", lambda e: page_errors.append(str(e)))
+    with page.expect_request(lambda r: "/v1/events" in r.url) as first_stream:
+        page.goto(f"{base}/dashboard#token={TOKENS['admin']}")
+    assert "recent=" in first_stream.value.url
+    workers = page.locator("#workers-body tr")
+    expect(workers).to_have_count(1)
+    expect(workers.first).to_contain_text("dash")
+    expect(workers.first).to_contain_text("alive")
+    page.get_by_role("link", name="snap").click()
+    expect(page.get_by_role("heading", name="snap")).to_be_visible()
+    expect(page.locator("#job-state")).to_have_text("creating · snapshot")
+    expect(page.locator("#job-rows")).to_contain_text(
+        f"reading the snapshot at epoch {snapshot_epoch}"
+    )
+    expect(page.locator("#legend-in-progress")).to_have_text("consuming")
+    under_way = page.locator('#heatmap .cell.in_progress[data-state="consuming"]')
+    wait_for(lambda: under_way.count() > 0, timeout=60, what="vnodes drawn as consuming")
+    expect(page.locator("#job-details")).to_contain_text("dash (")
+    expect(page.locator("#job-recoveries")).to_contain_text("none")
+    assert page_errors == []
     page.close()

@@ -180,3 +180,22 @@ def test_following_streams_share_one_reader_each_gets_every_event_once_and_are_c
         assert kinds == [["paused", "resumed"] * 3] * n
         ids = {tuple(e["id"] for e in got) for got in received}
         assert len(ids) == 1 and len(set(next(iter(ids)))) == 6
+
+
+def test_recent_starts_with_the_latest_events(client: TestClient) -> None:
+    """A dashboard's first load asks for the latest events, not every one since id 0."""
+    create(client, ORDERS)
+    job = _job(client)
+    other = _job(client, "other")
+    for _ in range(3):
+        assert client.post(f"/v1/jobs/{job}/pause").status_code == 200
+        assert client.post(f"/v1/jobs/{job}/resume").status_code == 200
+    every = parse_sse(client.get("/v1/events", params={"follow": "false"}).text)
+    recent = parse_sse(client.get("/v1/events", params={"follow": "false", "recent": 3}).text)
+    assert recent == every[-3:]
+    mine = parse_sse(client.get(f"/v1/jobs/{other}/events?follow=false&recent=5").text)
+    assert [e["event"] for e in mine] == ["job_created"]  # fewer than asked: all of them
+    # after (or Last-Event-ID) wins
+    r = client.get("/v1/events", params={"follow": "false", "recent": 1, "after": every[0]["id"]})
+    assert parse_sse(r.text) == every[1:]
+    assert_error(client.get("/v1/events", params={"recent": 0}), 422, "validation_error")
