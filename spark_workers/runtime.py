@@ -78,8 +78,20 @@ class Worker:
                 self.spark = SparkPath(
                     self.settings.spark_master, reg.database_url, pushdown=self.settings.pushdown
                 )
+                if self.settings.spark_warm_up:
+                    threading.Thread(
+                        target=self._warm_up, args=(self.spark,), name="spark-warm-up", daemon=True
+                    ).start()
         label_log_records(worker_id=self.client.worker_id)
         log.info("registered as worker %s", self.client.worker_id)
+
+    def _warm_up(self, spark: SparkPath) -> None:
+        """Beside the loop: a large read that comes meanwhile waits for the session."""
+        try:
+            spark.warm_up()
+        except Exception as e:  # the first large read starts it again, or says why not
+            if not self.stop_event.is_set():
+                log.warning("could not start Spark ahead of the first large read: %s", e)
 
     def _heartbeats(self) -> None:
         while not self.stop_event.wait(self.lease_ms / 3000):

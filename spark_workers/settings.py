@@ -30,6 +30,11 @@ class WorkerSettings(BaseSettings):
         description="auto: Spark for large epochs (see spark_min_rows), the driver otherwise",
     )
     spark_min_rows: int = Field(default=100_000, ge=1, le=1_000_000_000)
+    spark_warm_up: bool = Field(
+        default=True,
+        description="start the Spark application and its Python workers when the worker "
+        "registers, not at the first large read (which would pay their start-up)",
+    )
     spark_epoch_rows: int = Field(
         default=400_000, ge=1, le=1_000_000_000, description="rows one Spark job reads per job"
     )

@@ -70,6 +70,7 @@ class SparkPath:
         self.rounds_jobs = 0  # jobs spanning epochs (``spark_workers.rounds``), besides
         self.round_epochs = 0  # epochs in which such jobs' rounds were written, in all
         self._queue_conn: Any = None  # deletes the pushed-down jobs' work queues
+        self.warmed = threading.Event()  # warm_up ran: the session and its workers are up
 
     def session(self) -> Any:
         with self._lock:
@@ -105,6 +106,7 @@ class SparkPath:
                 "summary", os.path.join(tmp, "summary.json")
             ).mode("append").save()
         self._pushed_down(spark, plan, n)  # the tasks' modules imported in every worker
+        self.warmed.set()
 
     def stop(self) -> None:
         if self._queue_conn is not None:

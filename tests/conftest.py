@@ -20,6 +20,10 @@ from tests.kit.auth import use_test_tokens
 
 # auth stays on everywhere: every Settings() (and every child process) has the test tokens
 use_test_tokens()
+# workers start Spark at their first large read, as before the warm-up: dozens of test
+# workers (killed and restarted ones too) would each start it, on a 2-core machine; the
+# warm-up has a test of its own (tests/e2e/test_spark_path.py)
+os.environ.setdefault("BACKFILL_SPARK_WARM_UP", "false")
 
 # CI runs must be reproducible: a fixed example sequence there, fresh exploration locally
 hypothesis_settings.register_profile("ci", derandomize=True, print_blob=True)

@@ -142,3 +142,13 @@ def test_spark_python_workers_freeze_their_imports_and_the_driver_does_not(
     gc.unfreeze()
     _freeze_imports()
     assert gc.get_freeze_count() == 0
+
+
+def test_a_worker_starts_spark_when_it_registers(db: Database, fresh_db_url: str) -> None:
+    """The first large read after a worker starts pays no Spark start-up: the worker
+    starts its session and Python workers when it registers, with no job yet."""
+    warm = WorkerSettings(spark_warm_up=True)
+    with running_cluster(db, fresh_db_url, warm, "warm") as (_, worker):
+        wait_for(lambda: worker.spark is not None, timeout=60, what="registered")
+        assert worker.spark is not None and worker.rounds is None  # no job asked for it
+        assert worker.spark.warmed.wait(180), "Spark did not start with the worker"
