@@ -42,7 +42,7 @@ from backfill_core.protocol import (
     VnodeRead,
 )
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
-from state_store.options import WORKER_DATA_OPTIONS
+from state_store.options import worker_dsn
 
 if TYPE_CHECKING:
     from backfill_core.executors.source import OffsetRead
@@ -322,7 +322,7 @@ class SparkPath:
         import psycopg2
 
         if self._queue_conn is None or self._queue_conn.closed:
-            self._queue_conn = psycopg2.connect(self.dsn, options=WORKER_DATA_OPTIONS)
+            self._queue_conn = psycopg2.connect(worker_dsn(self.dsn))
             self._queue_conn.autocommit = True
         try:
             with self._queue_conn.cursor() as cur:
