@@ -77,7 +77,10 @@ class SparkPath:
                 self._spark = build_session(self.master, java_options=WORKER_JAVA_OPTIONS)
                 from spark_workers.datasource import StoreDataSource
                 from spark_workers.kafka_datasource import KafkaBackfillDataSource
+                from spark_workers.shipped_code import ship_code
 
+                # the executors may have no package of ours (an existing cluster)
+                ship_code(self._spark)
                 self._spark.dataSource.register(StoreDataSource)
                 self._spark.dataSource.register(KafkaBackfillDataSource)
             return self._spark
