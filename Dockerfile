@@ -11,8 +11,9 @@
 #                                                     a Spark standalone worker
 #
 # Spark runs from the pyspark installed in /opt/venv. The Spark master and workers use the
-# worker image on purpose: executors run our Python Data Source (spark_workers/datasource.py),
-# so they need the same Python, at the same path, with this package installed.
+# worker image: executors need Java and the worker's Python (same version, at the same path,
+# PYSPARK_PYTHON) with pyspark, pyarrow and psycopg2; the worker ships our own code to them
+# (spark_workers/shipped_code.py), so a cluster of other images works too.
 # Both build for linux/amd64 and linux/arm64 (`docker buildx build --platform ...`): every
 # locked dependency has an aarch64 wheel or is pure Python (tests/unit/test_packaging.py).
 

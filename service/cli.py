@@ -17,7 +17,7 @@ from service import heap
 from service.cli_operator import add_operator_commands, positive_int
 from service.embedded_pg import MISSING_PGSERVER, embedded_available
 from service.logs import LogSettingsError, configure_logging_from_env
-from service.settings import SettingsError, load_settings
+from service.settings import Settings, SettingsError, load_settings
 from spark_workers.settings import WorkerSettings, WorkerSettingsError, load_worker_settings
 
 
@@ -181,7 +181,7 @@ def cmd_db(args: argparse.Namespace) -> int:
             migrate.downgrade(db.engine, args.revision)
             print(f"database at revision {migrate.current_revision(db.engine)}")
         elif args.db_command == "create-worker-role":
-            print(_create_worker_role(db, args.name, args.password_stdin))
+            return _create_worker_role(db, settings, args.name, args.password_stdin)
         elif args.db_command == "create-reader-role":
             return _create_reader_role(db, args.role, args.password_env)
         else:
@@ -192,18 +192,33 @@ def cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
-def _create_worker_role(db, name: str, password_stdin: bool) -> str:  # type: ignore[no-untyped-def]
+def _create_worker_role(db, settings: Settings, name: str | None, password_stdin: bool) -> int:  # type: ignore[no-untyped-def]
+    """Without a name: the role and password of BACKFILL_WORKER_DATABASE_URL, so that a
+    deployment (the compose file's init step) states them once."""
     import psycopg2
+    from sqlalchemy.engine import make_url
 
     from service.worker_role import create_worker_role
 
     password = sys.stdin.readline().rstrip("\n") if password_stdin else None
+    if name is None:
+        url = make_url(settings.worker_database_url) if settings.worker_database_url else None
+        if url is None or not url.username:
+            print(
+                "error: give the role's name, or set BACKFILL_WORKER_DATABASE_URL with a user",
+                file=sys.stderr,
+            )
+            return 2
+        name = url.username
+        if password is None and url.password is not None:
+            password = str(url.password)
     conn = psycopg2.connect(db.libpq_url)
     try:
         created = create_worker_role(conn, name, password)
     finally:
         conn.close()
-    return f"worker role {name} {'created' if created else 'exists'}, its grants applied"
+    print(f"worker role {name} {'created' if created else 'exists'}, its grants applied")
+    return 0
 
 
 def _create_reader_role(db, role: str, password_env: str | None) -> int:  # type: ignore[no-untyped-def]
@@ -315,7 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="create (or update) the workers' database role: reads and writes the store and "
         "work tables only (docs/operations.md)",
     )
-    r.add_argument("name", help="the role's name, e.g. backfill_worker")
+    r.add_argument(
+        "name",
+        nargs="?",
+        default=None,
+        help="the role's name, e.g. backfill_worker (default: the user, and its password, "
+        "of BACKFILL_WORKER_DATABASE_URL)",
+    )
     r.add_argument(
         "--password-stdin", action="store_true", help="set its password, read from stdin"
     )

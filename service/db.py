@@ -8,13 +8,13 @@ from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
 from pydantic_core import from_json, to_json
-from sqlalchemy import Engine, Executable, Row, create_engine, text
+from sqlalchemy import Engine, Executable, Row, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
 from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
 from service.settings import Settings
-from state_store.options import NO_JIT
+from state_store.options import NO_JIT, with_options
 
 READER_POOL_SIZE = 8
 # deadlock_detected and serialization_failure: Postgres rolled the victim back whole
@@ -62,13 +62,18 @@ class Database:
         self.url = to_sqlalchemy_url(url)
         self.libpq_url = to_libpq_url(self.url)
         self.embedded = embedded
+        # the URL's own parameters (TLS's among them) reach psycopg2 as they are
+        given = make_url(self.url).query.get("options")
+        options = with_options(
+            " ".join((given,) if isinstance(given, str) else given or ()), NO_JIT
+        )
         self.engine: Engine = create_engine(
             self.url,
             pool_pre_ping=True,
             pool_size=20,
             max_overflow=20,
             future=True,
-            connect_args={"options": NO_JIT},
+            connect_args={"options": options},
             **JSON_CODEC,
         )
         # Single-statement reads that pollers make many times a second get a pool of
@@ -85,7 +90,7 @@ class Database:
             max_overflow=0,
             pool_timeout=30,
             future=True,
-            connect_args={"options": NO_JIT},
+            connect_args={"options": options},
             **JSON_CODEC,
         )
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)

@@ -44,7 +44,7 @@ from pyspark.sql.datasource import (
 
 from backfill_core.protocol import TablePlan
 from backfill_core.schema import ColumnType, TableSchema, value_to_json
-from state_store.options import WORKER_DATA_OPTIONS
+from state_store.options import worker_dsn
 
 FORMAT = "backfill_store"
 
@@ -144,7 +144,7 @@ class SnapshotReader(DataSourceReader):  # type: ignore[misc]
         reads = [(v, plan.pk_from_json(a), n) for v, a, n in plan.partitions[partition.index]]
         if not reads:
             return
-        conn = psycopg2.connect(plan.write.dsn, options=WORKER_DATA_OPTIONS)
+        conn = psycopg2.connect(worker_dsn(plan.write.dsn))
         try:
             with conn.cursor() as cur:
                 # one process per branch keeps each vnode's rows in pk order
@@ -254,7 +254,7 @@ class MvWriter(DataSourceArrowWriter):  # type: ignore[misc]
                 if batch.num_rows == 0:
                     continue
                 if conn is None:  # an empty partition (a warm-up) needs no connection
-                    conn = psycopg2.connect(write.dsn, options=WORKER_DATA_OPTIONS)
+                    conn = psycopg2.connect(worker_dsn(write.dsn))
                     fence_task(conn.cursor(), write.graph_id, write.recovery_seq)
                 with conn.cursor() as cur:
                     batch = _canonical(batch, types)

@@ -103,7 +103,7 @@ def run_ranges(plan: KafkaPlan, ranges: list[KafkaRange]) -> list[tuple[Any, ...
     from backfill_core.view import View
     from connectors.kafka import KafkaClient, KafkaSpec, parse_row
     from spark_workers.datasource import fence_task
-    from state_store.options import WORKER_DATA_OPTIONS
+    from state_store.options import worker_dsn
     from state_store.versioned import VersionedTable
 
     client = KafkaClient(KafkaSpec.from_json(plan.kafka))
@@ -130,7 +130,7 @@ def run_ranges(plan: KafkaPlan, ranges: list[KafkaRange]) -> list[tuple[Any, ...
         )
     if rows:
         mv = VersionedTable(write.mv_table, write.mv_schema)
-        conn = psycopg2.connect(write.dsn, options=WORKER_DATA_OPTIONS)
+        conn = psycopg2.connect(worker_dsn(write.dsn))
         try:
             with conn.cursor() as cur:
                 fence_task(cur, write.graph_id, write.recovery_seq)

@@ -29,7 +29,7 @@ from backfill_core.protocol import TablePlan
 from backfill_core.schema import value_to_json
 from spark_workers.datasource import fence_task, fenced_off
 from state_store.locks import GRAPH_GATE_LOCK
-from state_store.options import WORKER_DATA_OPTIONS
+from state_store.options import worker_dsn
 
 T = TypeVar("T")
 NO_ROWS = -1  # the vnode of a group's one entry when it read no rows (it still ran)
@@ -63,7 +63,7 @@ def _connection(key: str, dsn: str, *, autocommit: bool = False) -> Any:
 
     conn = _kept_connection(key)
     if conn is None:
-        conn = _CONNECTIONS[key] = psycopg2.connect(dsn, options=WORKER_DATA_OPTIONS)
+        conn = _CONNECTIONS[key] = psycopg2.connect(worker_dsn(dsn))
         conn.autocommit = autocommit
     return conn
 

@@ -28,7 +28,7 @@ from spark_workers.rounds import RoundsJob, rounds_eligible
 from spark_workers.settings import WorkerSettings, load_worker_settings
 from spark_workers.source_actor import SourceRunner
 from spark_workers.spark_path import SparkPath, round_rows
-from state_store.options import WORKER_DATA_OPTIONS
+from state_store.options import worker_dsn
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Worker:
         self._end_rounds(account=False)
         if self.conn is not None:
             self.conn.close()
-        self.conn = psycopg2.connect(reg.database_url, options=WORKER_DATA_OPTIONS)
+        self.conn = psycopg2.connect(worker_dsn(reg.database_url))
         self.runners.clear()
         if self.settings.spark_mode != "never":
             if self.spark is not None and self.spark.dsn != reg.database_url:

@@ -42,7 +42,7 @@ from backfill_core.protocol import (
     VnodeRead,
 )
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
-from state_store.options import WORKER_DATA_OPTIONS
+from state_store.options import worker_dsn
 
 if TYPE_CHECKING:
     from backfill_core.executors.source import OffsetRead
@@ -78,7 +78,10 @@ class SparkPath:
                 self._spark = build_session(self.master, java_options=WORKER_JAVA_OPTIONS)
                 from spark_workers.datasource import StoreDataSource
                 from spark_workers.kafka_datasource import KafkaBackfillDataSource
+                from spark_workers.shipped_code import ship_code
 
+                # the executors may have no package of ours (an existing cluster)
+                ship_code(self._spark)
                 self._spark.dataSource.register(StoreDataSource)
                 self._spark.dataSource.register(KafkaBackfillDataSource)
             return self._spark
@@ -324,7 +327,7 @@ class SparkPath:
         import psycopg2
 
         if self._queue_conn is None or self._queue_conn.closed:
-            self._queue_conn = psycopg2.connect(self.dsn, options=WORKER_DATA_OPTIONS)
+            self._queue_conn = psycopg2.connect(worker_dsn(self.dsn))
             self._queue_conn.autocommit = True
         try:
             with self._queue_conn.cursor() as cur:

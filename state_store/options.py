@@ -11,3 +11,18 @@ NO_JIT = "-c jit=off"
 # server. A crash before the epoch's commit loses the epoch either way (recovery rolls
 # the view back to the committed epoch).
 WORKER_DATA_OPTIONS = NO_JIT + " -c synchronous_commit=off"
+
+
+def with_options(given: str | None, ours: str) -> str:
+    """libpq ``options`` of a URL's own (``?options=...``) and ours after them: passing
+    ours alone as ``options=`` would replace the URL's."""
+    return f"{given} {ours}" if given else ours
+
+
+def worker_dsn(url: str) -> str:
+    """The connection string a worker and its Spark tasks connect with: every parameter of
+    the URL it was handed (TLS's ``sslmode``, ``sslrootcert``, ``sslcert``, ``sslkey``
+    among them) and ``WORKER_DATA_OPTIONS``."""
+    from psycopg2.extensions import make_dsn, parse_dsn
+
+    return make_dsn(url, options=with_options(parse_dsn(url).get("options"), WORKER_DATA_OPTIONS))

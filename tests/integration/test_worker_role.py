@@ -121,6 +121,36 @@ def test_creating_the_role_again_changes_nothing_but_the_password(
         conn.close()
 
 
+def test_without_a_name_the_role_is_the_worker_urls_user_with_its_password(
+    db: Database,
+    worker_role: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("DATABASE_URL", db.url)
+    monkeypatch.delenv("BACKFILL_WORKER_DATABASE_URL", raising=False)
+    assert backfill(["db", "create-worker-role"]) == 2
+    assert "BACKFILL_WORKER_DATABASE_URL" in capsys.readouterr().err
+    theirs = make_url(db.url).set(username=worker_role, password="a-secret")
+    monkeypatch.setenv("BACKFILL_WORKER_DATABASE_URL", theirs.render_as_string(False))
+    assert backfill(["db", "create-worker-role"]) == 0
+    assert f"worker role {worker_role} created" in capsys.readouterr().out
+    conn = psycopg2.connect(db.libpq_url)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", [worker_role])
+            (stored,) = cur.fetchone()
+            # the password the URL gives: SCRAM-hashed, never stored as given
+            assert stored and "a-secret" not in stored
+    finally:
+        conn.close()
+    worker_conn = connect_as(db, worker_role)
+    try:
+        assert not refused(worker_conn, "SELECT id FROM actors"), "granted as by name"
+    finally:
+        worker_conn.close()
+
+
 def test_registration_hands_workers_their_own_url(db: Database, fresh_db_url: str) -> None:
     from service.api.app import create_app
     from service.settings import Settings

@@ -591,3 +591,55 @@ def test_prometheus_scrapes_the_control_plane_and_grafana_gets_the_dashboard(
     ]
     assert source["url"] == "http://prometheus:9090"
     assert services["grafana"]["depends_on"]["prometheus"]["condition"] == "service_healthy"
+
+
+def interpolated(value: str) -> str:
+    """A compose value with each ``${VAR:-default}`` at its default (the file as run when
+    the variable is unset)."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
+def shell_steps(service: dict[str, Any]) -> list[list[str]]:
+    """A command's steps: ``sh -c "a && b"`` -> [a, b], anything else -> [command]."""
+    cmd = command_of(service)
+    if cmd[:2] == ["sh", "-c"]:
+        return [shlex.split(step) for step in cmd[2].split("&&")]
+    return [cmd]
+
+
+def test_workers_get_a_database_role_of_their_own_that_an_init_step_creates(
+    services: dict[str, Any], clean_env: pytest.MonkeyPatch
+) -> None:
+    cp = service_running(services, "backfill", "serve")
+    cp_env = {k: interpolated(v) for k, v in env_of(services[cp].get("environment")).items()}
+    for k, v in cp_env.items():
+        clean_env.setenv(k, v)
+    settings = load_settings()
+    # the control plane hands workers another role than its own, on the same database
+    assert settings.worker_database_url, "workers would get the control plane's own URL"
+    own, theirs = urlsplit(settings.database_url or ""), urlsplit(settings.worker_database_url)
+    assert theirs.username and theirs.username != own.username
+    assert (theirs.hostname, theirs.port, theirs.path) == (own.hostname, own.port, own.path)
+    # a one-shot step on our image migrates, then creates that role (its name and password
+    # from the same URL), before the control plane starts
+    inits = [
+        n
+        for n, s in ours(services).items()
+        if ["backfill", "db", "create-worker-role"] in shell_steps(s)
+    ]
+    assert len(inits) == 1, f"expected one service creating the workers' role, found {inits}"
+    (init,) = inits
+    steps = shell_steps(services[init])
+    assert steps.index(["backfill", "db", "upgrade"]) < steps.index(
+        ["backfill", "db", "create-worker-role"]
+    ), "the role's grants name tables the migrations create"
+    init_env = {k: interpolated(v) for k, v in env_of(services[init].get("environment")).items()}
+    assert init_env.get("BACKFILL_WORKER_DATABASE_URL") == cp_env["BACKFILL_WORKER_DATABASE_URL"]
+    assert init_env.get("DATABASE_URL") == cp_env["DATABASE_URL"], "another owner's grants"
+    assert services[init].get("restart") in ("no", None), "a one-shot step must not restart"
+    assert services[cp]["depends_on"].get(init) == {"condition": "service_completed_successfully"}
+    assert "postgres" in services[init].get("depends_on", {})
+    # the worker reads no database URL of its own: it gets the role's at registration
+    worker = service_running(services, "backfill", "worker")
+    worker_env = env_of(services[worker].get("environment"))
+    assert not {"DATABASE_URL", "BACKFILL_DATABASE_URL"} & set(worker_env)
