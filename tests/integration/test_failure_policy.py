@@ -18,6 +18,7 @@ from service.db import Database
 from service.meta.failures import FailurePolicy, cause_of
 from service.meta.loop import MetaLoop
 from tests.integration.test_health_and_errors import assert_error
+from tests.integration.test_meta_creating import TABLE, collect, graph_of_job, snapshot_job
 from tests.kit.e2e import wait_for
 from tests.kit.meta import WORKER, FakeWorker, actors_of, make_job, manual_api
 
@@ -168,3 +169,40 @@ def test_failures_without_a_named_actor_charge_no_job(
         w.collect_all()
     assert client.get(f"/v1/jobs/{job}").json()["state"] == "creating"
     assert client.get(f"/v1/jobs/{job}/progress").json()["failures"] == []
+
+
+def test_a_failed_snapshot_job_stops_its_graph_and_resumes_from_committed_progress(
+    db: Database, fresh_db_url: str
+) -> None:
+    with manual_api(db, fresh_db_url, failure_max_attempts=1) as (client, loop):
+        w = FakeWorker(client).register()
+        job = snapshot_job(client, loop, parallelism=1)["id"]
+        loop.tick()
+        collect(w, "consuming")
+        loop.tick()
+        collect(w, "consuming")
+        graph = graph_of_job(db, job)
+        assert graph is not None and graph.committed_epoch > 0
+        [actor] = [a.id for a in actors_of(db, job)]
+        _fail(client, w, actor, "boom")
+        assert client.get(f"/v1/jobs/{job}").json()["state"] == "failed"
+        for _ in range(3):
+            loop.tick()  # the main graph goes on; the job's graph stands still
+        stopped = graph_of_job(db, job)
+        assert stopped is not None and stopped.state == "stopped"
+        assert stopped.current_epoch == graph.current_epoch
+        assert all(a["barriers"] == [] for a in w.poll())
+
+        assert client.post(f"/v1/jobs/{job}/retry").json()["state"] == "creating"
+        loop.tick()
+        [a] = w.poll()
+        initial = a["barriers"][0]
+        assert (initial["kind"], initial["prev"]) == ("initial", graph.committed_epoch)
+        assert len(a["restore"]["vnodes"]) == TABLE["vnode_count"]  # its committed progress
+
+        def created() -> bool:
+            loop.tick()
+            collect(w, "consumed")
+            return bool(client.get(f"/v1/jobs/{job}").json()["state"] == "created")
+
+        wait_for(created, 30, "the retried snapshot job created")
