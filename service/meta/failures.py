@@ -60,7 +60,7 @@ class FailurePolicy:
 
     def backoff_ms(self, attempt: int) -> int:
         """The wait before the recovery after the ``attempt``-th failure (1-based)."""
-        return min(self.backoff_initial_ms * 2 ** min(attempt - 1, 32), self.backoff_max_ms)
+        return int(min(self.backoff_initial_ms * 2 ** min(attempt - 1, 32), self.backoff_max_ms))
 
 
 def cause_of(message: str) -> str:

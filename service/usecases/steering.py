@@ -118,6 +118,14 @@ def retry_job(db: Database, job_id: int) -> Job:
         job = load_job(s, job_id, lock=True)
         if job.state != "failed":
             raise Conflict(f"job {job_id} is {job.state}, not failed", {"state": job.state})
+        if job.finished_epoch is not None and job.kind in ("chain", "snapshot"):
+            # it would start over in the main graph, from a fixed snapshot its pin no
+            # longer keeps (released when it was created)
+            raise Conflict(
+                f"job {job_id} ({job.kind}) failed after it was created and cannot start "
+                "over: drop it and create it again",
+                {"state": job.state, "kind": job.kind},
+            )
         failures.retry(s, job)
         events.record(s, "retried", job.id)
         return job
