@@ -16,7 +16,7 @@ from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType
 from bench._live import live_worker, time_until_created
 from bench._pg import fresh_database
-from connectors.kafka import KafkaClient, KafkaSpec, parse_row, source_schema
+from connectors.kafka import KafkaClient, KafkaSpec, decode_messages, source_schema
 from service.embedded_pg import to_libpq_url
 from state_store.versioned import VersionedTable
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka
@@ -62,7 +62,7 @@ def _plain_consumer(kafka: MockKafka, url: str, n: int) -> float:
             for p, msgs in got.items():
                 if msgs:
                     pos[p] = msgs[-1].offset + 1
-                rows += [parse_row(schema, m) for m in msgs]
+                rows += decode_messages(schema, msgs).rows
             with conn.cursor() as cur:
                 table.write(cur, 1 << 16, [Version(r) for r in rows])
             conn.commit()

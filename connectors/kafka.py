@@ -32,6 +32,23 @@ RESERVED_PROPERTIES = frozenset(
 )
 
 
+# client settings whose values are secrets: stored and passed to the workers' clients,
+# never shown (``redacted_properties``)
+SECRET_MARK = "***"
+
+
+def is_secret_property(name: str) -> bool:
+    """Whether a client setting's value is a secret: ``*password*``, ``*secret*``,
+    ``sasl.*`` or ``ssl.key*``."""
+    n = name.lower()
+    return "password" in n or "secret" in n or n.startswith("sasl.") or n.startswith("ssl.key")
+
+
+def redacted_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    """``properties`` as a reader may see them: secret values replaced by ``***``."""
+    return {k: SECRET_MARK if is_secret_property(k) else v for k, v in properties.items()}
+
+
 class KafkaUnavailable(Exception):
     """The brokers cannot be reached, or the topic does not exist."""
 
@@ -260,15 +277,31 @@ def source_schema(columns: Sequence[Any], vnode_count: int) -> TableSchema:
     )
 
 
-def parse_row(schema: TableSchema, message: Message) -> tuple[Any, ...]:
-    """A message as a row of ``schema``: fields that are missing or do not fit are NULL,
-    so every offset still becomes exactly one row."""
+ON_ERROR = ("skip", "fail")
+POISON_MARK = "poison message"
+
+
+class PoisonMessage(ValueError):
+    """A message that is not a valid row of its source, under ``on_error: fail``."""
+
+    def __init__(self, partition: int, offset: int, reason: str) -> None:
+        super().__init__(f"{POISON_MARK} at partition {partition} offset {offset}: {reason}")
+        self.partition = partition
+        self.offset = offset
+
+
+def decode_row(schema: TableSchema, message: Message) -> tuple[Any, ...] | str:
+    """A message as a row of ``schema``, or why it is not one: a value that is not a
+    JSON object, or a field whose value does not fit its column. Missing fields are
+    NULL."""
+    if message.value is None:
+        return "no value"
     try:
-        doc = json.loads(message.value) if message.value is not None else {}
+        doc = json.loads(message.value)
     except ValueError:
-        doc = {}
+        return "not JSON"
     if not isinstance(doc, dict):
-        doc = {}
+        return "not a JSON object"
     values: list[Any] = []
     for col in schema.columns:
         if col.name == PARTITION_COLUMN:
@@ -279,6 +312,54 @@ def parse_row(schema: TableSchema, message: Message) -> tuple[Any, ...]:
             raw = doc.get(col.name)
             try:
                 values.append(None if raw is None else coerce_value(col.type, raw, col.name))
-            except SchemaError:
-                values.append(None)
+            except SchemaError as e:
+                return f"field {col.name!r}: {e.message}"
     return tuple(values)
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """Messages of one partition that are not rows: how many, the first and last offsets,
+    and why the first is not."""
+
+    partition: int
+    count: int
+    first_offset: int
+    last_offset: int
+    reason: str
+
+
+@dataclass
+class Decoded:
+    rows: list[tuple[Any, ...]]
+    skipped: list[Skipped]  # per partition
+
+
+def decode_messages(schema: TableSchema, messages: Sequence[Message]) -> Decoded:
+    """The rows of ``messages``, and the messages that are not rows (``decode_row``),
+    which ``on_invalid`` judges by the source's ``on_error``."""
+    out = Decoded([], [])
+    bad: dict[int, Skipped] = {}
+    for m in messages:
+        row = decode_row(schema, m)
+        if not isinstance(row, str):
+            out.rows.append(row)
+            continue
+        was = bad.get(m.partition)
+        if was is None:
+            bad[m.partition] = Skipped(m.partition, 1, m.offset, m.offset, row)
+        else:
+            bad[m.partition] = Skipped(
+                m.partition, was.count + 1, was.first_offset, m.offset, was.reason
+            )
+    out.skipped = list(bad.values())
+    return out
+
+
+def on_invalid(on_error: str, skipped: Sequence[Skipped]) -> None:
+    """The source's policy for messages that are not rows, the one every reader applies
+    (the worker's driver, and it again for what its Spark tasks read): ``fail`` raises
+    ``PoisonMessage`` naming the first; ``skip`` lets the caller count them."""
+    if on_error == "fail" and skipped:
+        first = min(skipped, key=lambda x: (x.first_offset, x.partition))
+        raise PoisonMessage(first.partition, first.first_offset, first.reason)

@@ -332,6 +332,7 @@ def add_operator_commands(sub: Any) -> None:
     for name, text, run in (
         ("pause", "pause a job", _steer("POST", "/pause")),
         ("resume", "resume a paused job", _steer("POST", "/resume")),
+        ("retry", "start a failed job again", _steer("POST", "/retry")),
         ("drop", "drop a job and its view", jobs_drop),
     ):
         action(js, name, text, run).add_argument("job_id", type=int)

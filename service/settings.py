@@ -58,6 +58,20 @@ class Settings(BaseSettings):
     worker_lease_ms: int = Field(default=10_000, ge=100, le=3_600_000)
     max_pending_barriers: int = Field(default=100, ge=1, le=100_000)
     gc_retention_ms: int = Field(default=60_000, ge=0, le=86_400_000)
+    # the failure policy (docs/operations.md#failed-jobs): a job whose actor fails for the
+    # same cause again and again waits longer each time, then fails
+    failure_backoff_initial_ms: int = Field(
+        default=1_000, ge=0, le=3_600_000, description="a failing job's first recovery wait"
+    )
+    failure_backoff_max_ms: int = Field(
+        default=60_000, ge=0, le=3_600_000, description="the doubling wait's bound"
+    )
+    failure_max_attempts: int = Field(
+        default=5, ge=1, le=1_000, description="failures of one cause that fail the job"
+    )
+    failure_window_ms: int = Field(
+        default=600_000, ge=1, le=86_400_000, description="how far back failures count"
+    )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024,
         ge=1024,

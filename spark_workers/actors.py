@@ -36,6 +36,17 @@ class Fenced(Exception):
         self.graph_id = graph_id
 
 
+class ActorFailed(Exception):
+    """The work of an actor raised: its failure report names the actor, so that it
+    counts against the actor's job (its failure policy), not the worker's other jobs.
+    ``fatal``: trying again cannot help (a poison message under ``on_error: fail``)."""
+
+    def __init__(self, actor_id: int, error: BaseException, *, fatal: bool = False) -> None:
+        super().__init__(str(error) or type(error).__name__)
+        self.actor_id = actor_id
+        self.fatal = fatal
+
+
 def fence(cur: Any, graph_id: int, recovery_seq: int, actor_id: int) -> None:
     """Refuse to write once the graph recovered past this actor's incarnation.
 

@@ -168,8 +168,15 @@ class ControlPlaneClient:
         r = self._call("POST", f"/v1/workers/{self.worker_id}/collects", json=body)
         return CollectBatchAnswer.from_json(self._json(r)).results
 
-    def report_failure(self, message: str, actor_id: int | None = None) -> None:
-        body = FailureReport(message, actor_id).to_json()
+    def report_failure(
+        self,
+        message: str,
+        actor_id: int | None = None,
+        *,
+        cause_actor_id: int | None = None,
+        fatal: bool = False,
+    ) -> None:
+        body = FailureReport(message, actor_id, cause_actor_id, fatal).to_json()
         self._json(self._call("POST", f"/v1/workers/{self.worker_id}/failures", json=body), 202)
 
     def deregister(self) -> None:

@@ -9,7 +9,7 @@ recovery sequence) and the open epoch, and per Spark partition a list of ranges
 task reads its ranges with one confluent-kafka consumer of its own (one assignment),
 keeps of each range exactly the rows the executor's ``on_backfill_row`` makes visible
 (up to and including the first offset at or beyond the target, none after: nothing
-after the target is even read), parses them (``parse_row``), applies the view, and
+after the target is even read), parses them (``decode_messages``, under the source's ``on_error``), applies the view, and
 writes them at the open epoch under the same fence as the table data source. Reading
 yields one summary row per range (``SUMMARY_DDL``; ``end_offset``: every message below
 it was read, so a range whose offsets end in transaction markers still reaches its
@@ -35,7 +35,8 @@ from connectors.kafka import backfill_stop
 FORMAT = "backfill_kafka"
 SUMMARY_DDL = (
     "read INT, rows_read BIGINT, last_offset BIGINT, visible BIGINT, "
-    "last_visible BIGINT, written BIGINT, end_offset BIGINT"
+    "last_visible BIGINT, written BIGINT, end_offset BIGINT, "
+    "skipped BIGINT, first_skipped BIGINT, last_skipped BIGINT, skip_reason STRING"
 )
 
 
@@ -101,7 +102,7 @@ def run_ranges(plan: KafkaPlan, ranges: list[KafkaRange]) -> list[tuple[Any, ...
 
     from backfill_core.changes import Version
     from backfill_core.view import View
-    from connectors.kafka import KafkaClient, KafkaSpec, parse_row
+    from connectors.kafka import KafkaClient, KafkaSpec, decode_messages
     from spark_workers.datasource import fence_task
     from state_store.options import worker_dsn
     from state_store.versioned import VersionedTable
@@ -123,10 +124,25 @@ def run_ranges(plan: KafkaPlan, ranges: list[KafkaRange]) -> list[tuple[Any, ...
     for index, p, _, _, _, target in ranges:
         scan = got[int(p)]
         s = range_summary([m.offset for m in scan.messages], target)
-        kept = view.rows([parse_row(schema, m) for m in scan.messages[: s.visible]])
+        decoded = decode_messages(schema, scan.messages[: s.visible])
+        kept = view.rows(decoded.rows)
         rows += kept
+        # messages that are not rows: the driver applies the source's ``on_error``
+        bad = decoded.skipped[0] if decoded.skipped else None
         out.append(
-            (int(index), s.count, s.last_offset, s.visible, s.last_visible, len(kept), scan.end)
+            (
+                int(index),
+                s.count,
+                s.last_offset,
+                s.visible,
+                s.last_visible,
+                len(kept),
+                scan.end,
+                bad.count if bad else 0,
+                bad.first_offset if bad else None,
+                bad.last_offset if bad else None,
+                bad.reason if bad else None,
+            )
         )
     if rows:
         mv = VersionedTable(write.mv_table, write.mv_schema)

@@ -21,7 +21,7 @@ import psycopg2
 
 from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import SUPERSEDED, Assignment, CollectRequest, ErrorCode
-from spark_workers.actors import ActorRunner, Fenced
+from spark_workers.actors import ActorFailed, ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.log_ids import label_log_records
 from spark_workers.rounds import RoundsJob, rounds_eligible
@@ -33,6 +33,20 @@ from state_store.options import worker_dsn
 log = logging.getLogger(__name__)
 
 CHUNK_ROWS = 5_000
+
+
+# the store or the control plane away: no fault of the job whose work met it
+_NOT_THE_JOBS = (psycopg2.OperationalError, psycopg2.InterfaceError, httpx.HTTPError, Fenced)
+
+
+def _cause(runners: list[ActorRunner | SourceRunner], error: Exception) -> Exception:
+    """``error`` as an ``ActorFailed`` when the runners are one job's and the error is
+    the job's own."""
+    if isinstance(error, (*_NOT_THE_JOBS, ProtocolError, ActorFailed)):
+        return error
+    if runners and len({r.job_id for r in runners}) == 1:
+        return ActorFailed(runners[0].actor_id, error)
+    return error
 
 
 class Worker:
@@ -126,6 +140,9 @@ class Worker:
                     self._fail(str(e))
                 else:
                     self._superseded(graph_id, str(e))
+            except ActorFailed as e:
+                log.exception("failure of actor %s", e.actor_id)
+                self._fail(str(e), e.actor_id, e.fatal)
             except Exception as e:
                 log.exception("actor failure")
                 self._fail(str(e) or type(e).__name__)
@@ -163,7 +180,7 @@ class Worker:
             if runner.graph_id == graph_id:
                 del self.runners[actor_id]
 
-    def _fail(self, message: str) -> None:
+    def _fail(self, message: str, cause_actor_id: int | None = None, fatal: bool = False) -> None:
         self._end_rounds(account=False)
         self.runners.clear()
         if self.conn is not None:
@@ -173,7 +190,7 @@ class Worker:
                 self.conn.close()
                 self.conn = None
         try:
-            self.client.report_failure(message[:2000])
+            self.client.report_failure(message[:2000], cause_actor_id=cause_actor_id, fatal=fatal)
         except (ProtocolError, OSError) as e:
             log.warning("could not report the failure: %s", e)
         if self.conn is None:
@@ -390,9 +407,12 @@ class Worker:
             try:
                 for b in barriers:
                     collects.append(runner.on_barrier(self.conn, b))
-            except Exception:
+            except Exception as e:
                 if not self._forget_if_dropped([a.actor_id]):
-                    raise
+                    cause = _cause([runner], e)
+                    if cause is e:
+                        raise
+                    raise cause from e
                 collects = [c for c in collects if c.actor_id != a.actor_id]
         return collects
 
@@ -441,7 +461,10 @@ class Worker:
                 raise
             graph_id = self._recovered_graph([(r.graph_id, r.recovery_seq) for r in runners])
             if graph_id is None:
-                raise
+                cause = _cause(runners, e)
+                if cause is e:
+                    raise
+                raise cause from e
             raise Fenced(graph_id, f"reads of graph {graph_id} were fenced off: {e}") from e
 
     def _read_until_next_barrier(self) -> None:

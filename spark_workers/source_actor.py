@@ -30,8 +30,17 @@ from backfill_core.protocol import (
 )
 from backfill_core.schema import TableSchema
 from backfill_core.view import View
-from connectors.kafka import KafkaClient, KafkaSpec, Message, backfill_stop, parse_row
-from spark_workers.actors import fence
+from connectors.kafka import (
+    KafkaClient,
+    KafkaSpec,
+    Message,
+    PoisonMessage,
+    Skipped,
+    backfill_stop,
+    decode_messages,
+    on_invalid,
+)
+from spark_workers.actors import ActorFailed, fence
 from state_store.versioned import VersionedTable
 
 # the job's splits are all finished in committed progress (the seed's check that lets
@@ -44,7 +53,7 @@ _ALL_FINISHED = """
                         WHERE p.job_id = a.job_id AND p.split = x AND p.state = 'finished'))
 """
 _COMMITTED = """
-    SELECT split, state, "offset", num_consumed_rows, target_offset
+    SELECT split, state, "offset", num_consumed_rows, target_offset, skipped, last_skipped_offset
     FROM split_progress WHERE job_id = %(job)s AND split = ANY(%(splits)s)
 """
 
@@ -55,7 +64,12 @@ def _offset(m: Message) -> int:
 
 def _progress(split: SplitRestore) -> SplitProgress:
     return SplitProgress(
-        SplitState(split.state), split.offset, split.num_consumed_rows, split.target_offset
+        SplitState(split.state),
+        split.offset,
+        split.num_consumed_rows,
+        split.target_offset,
+        split.skipped,
+        split.last_skipped_offset,
     )
 
 
@@ -71,6 +85,7 @@ class SourceRunner:
         self.graph_id: int = assignment.graph_id
         self.job_id: int = assignment.job_id
         self.spec = KafkaSpec.from_json(job.source.kafka)
+        self.on_error = job.source.on_error
         self.schema = TableSchema.from_json(job.upstream_schema)
         self.mv = VersionedTable(job.mv_table, TableSchema.from_json(job.mv_schema))
         self.job_columns: list[str] = list(job.columns)
@@ -196,10 +211,8 @@ class SourceRunner:
             added = [x for x in new_owned if x not in ex.progress]
             if added:
                 cur.execute(_COMMITTED, {"job": self.job_id, "splits": added})
-                for split, state, offset, consumed, target in cur.fetchall():
-                    committed[split] = _progress(
-                        SplitRestore(split, state, offset, consumed, target)
-                    )
+                for split, *rest in cur.fetchall():
+                    committed[split] = _progress(SplitRestore(split, *rest))
             others_finished = False
             if ex.phase.value == "backfilling" and all(
                 p.state is SplitState.FINISHED for p in ex.progress.values()
@@ -219,7 +232,7 @@ class SourceRunner:
             # report of the next barrier no longer lists them, nor does the meta after)
             for split in set(self._buffer) - set(ex.progress):
                 del self._buffer[split]
-            rows = [parse_row(self.schema, upstream[i]) for i in out.emit]
+            rows = self.rows_of([upstream[i] for i in out.emit])
             self.mv.write(cur, out.write_epoch, [Version(r) for r in self.view.rows(rows)])
         conn.commit()
         return CollectRequest(
@@ -231,6 +244,23 @@ class SourceRunner:
             out.rows,
             out.finished,
         )
+
+    def rows_of(self, messages: list[Message]) -> list[tuple[Any, ...]]:
+        """The rows of messages read for the open epoch; those that are not rows go to
+        ``account_skipped``."""
+        decoded = decode_messages(self.schema, messages)
+        self.account_skipped(decoded.skipped)
+        return decoded.rows
+
+    def account_skipped(self, skipped: list[Skipped]) -> None:
+        """Messages read for the open epoch that are not rows: the job fails under its
+        source's ``on_error: fail``, or they are counted per split (``skip``)."""
+        try:
+            on_invalid(self.on_error, skipped)
+        except PoisonMessage as e:
+            raise ActorFailed(self.actor_id, e, fatal=True) from e
+        for x in skipped:
+            self.executor.on_skipped(str(x.partition), x.count, x.last_offset)
 
     def with_high_watermarks(self, reads: list[OffsetRead]) -> list[tuple[OffsetRead, int]]:
         """Each read with its split's high watermark now (where a backfill read stops)."""
@@ -254,7 +284,7 @@ class SourceRunner:
             scan = got[int(r.split)]
             msgs = scan.messages
             visible = ex.on_backfill_rows(r, [m.offset for m in msgs], end=scan.end)
-            rows += [parse_row(self.schema, m) for m in msgs[:visible]]
+            rows += self.rows_of(msgs[:visible])
             total += len(msgs)
         with conn.cursor() as cur:
             fence(cur, self.graph_id, self.recovery_seq, self.actor_id)

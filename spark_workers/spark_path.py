@@ -42,6 +42,7 @@ from backfill_core.protocol import (
     VnodeRead,
 )
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
+from connectors.kafka import Skipped
 from state_store.options import worker_dsn
 
 if TYPE_CHECKING:
@@ -182,6 +183,18 @@ class SparkPath:
                 last_visible=s["last_visible"],
                 end=s["end_offset"],
             )
+            if s["skipped"]:
+                r.account_skipped(
+                    [
+                        Skipped(
+                            int(read.split),
+                            s["skipped"],
+                            s["first_skipped"],
+                            s["last_skipped"],
+                            s["skip_reason"],
+                        )
+                    ]
+                )
             total += s["rows_read"]
         return total
 

@@ -79,6 +79,9 @@ class SplitProgress:
     offset: int | None = None  # None while Finished
     num_consumed_rows: int = 0
     target_offset: int | None = None
+    # messages that are not rows (the source's ``on_error: skip``), and the last of them
+    skipped: int = 0
+    last_skipped_offset: int | None = None
 
     def __post_init__(self) -> None:
         if self.state is SplitState.SOURCE_CACHING_UP and self.offset is None:
@@ -100,6 +103,8 @@ class SplitProgress:
             opt(row.get("offset")),
             int(row.get("num_consumed_rows", 0)),
             opt(row.get("target_offset")),
+            int(row.get("skipped", 0)),
+            opt(row.get("last_skipped_offset")),
         )
 
 
@@ -150,7 +155,7 @@ def on_upstream_row(p: SplitProgress, offset: int) -> tuple[SplitProgress, bool]
         visible = True
     target = offset if state is SplitState.BACKFILLING else p.target_offset
     new_offset = None if state is SplitState.FINISHED else p.offset
-    return SplitProgress(state, new_offset, p.num_consumed_rows, target), visible
+    return _moved(p, state, new_offset, p.num_consumed_rows, target), visible
 
 
 def on_backfill_row(p: SplitProgress, offset: int) -> tuple[SplitProgress, bool]:
@@ -160,8 +165,17 @@ def on_backfill_row(p: SplitProgress, offset: int) -> tuple[SplitProgress, bool]
         return replace(p, num_consumed_rows=consumed), False
     if p.target_offset is not None and offset >= p.target_offset:
         # reached what the source had: stop and let the source catch up to it
-        return SplitProgress(SplitState.SOURCE_CACHING_UP, offset, consumed, p.target_offset), True
-    return SplitProgress(SplitState.BACKFILLING, offset, consumed, p.target_offset), True
+        caching_up = SplitState.SOURCE_CACHING_UP
+        return _moved(p, caching_up, offset, consumed, p.target_offset), True
+    return _moved(p, SplitState.BACKFILLING, offset, consumed, p.target_offset), True
+
+
+def _moved(
+    p: SplitProgress, state: SplitState, offset: int | None, consumed: int, target: int | None
+) -> SplitProgress:
+    """``p`` at a new state and offset, its skipped messages kept (a constructor call:
+    this runs per message, where ``dataclasses.replace`` costs a few times more)."""
+    return SplitProgress(state, offset, consumed, target, p.skipped, p.last_skipped_offset)
 
 
 def on_backfill_end(p: SplitProgress, end: int | None) -> SplitProgress:
@@ -430,7 +444,8 @@ class SourceBackfill:
             caught_up = target is not None and last_offset >= target
             state = SplitState.SOURCE_CACHING_UP if caught_up else SplitState.BACKFILLING
             new = on_backfill_end(
-                SplitProgress(state, last_offset, p.num_consumed_rows + count, target), end
+                _moved(p, state, last_offset, p.num_consumed_rows + count, target),
+                end,
             )
         else:
             # only the first row at or beyond the target hides the ones after it
@@ -442,8 +457,8 @@ class SourceBackfill:
                 last_offset < last_visible + count - visible
             ):
                 raise ValueError("the last visible offset does not fit the rows read")
-            new = SplitProgress(
-                SplitState.SOURCE_CACHING_UP, last_visible, p.num_consumed_rows + count, target
+            new = _moved(
+                p, SplitState.SOURCE_CACHING_UP, last_visible, p.num_consumed_rows + count, target
             )
         self._account(read, new, count)
 
@@ -485,6 +500,16 @@ class SourceBackfill:
         if count < read.limit:
             self.exhausted.add(read.split)
 
+    def on_skipped(self, split: str, count: int, last_offset: int) -> None:
+        """``count`` messages of ``split`` read for the open epoch, the last at
+        ``last_offset``, are not rows (its source's ``on_error: skip``): counted with the
+        split's progress, which commits them."""
+        p = self.progress.get(split)
+        if p is None or count <= 0:
+            return
+        last = max(last_offset, p.last_skipped_offset or 0)
+        self.progress[split] = replace(p, skipped=p.skipped + count, last_skipped_offset=last)
+
     # progress -------------------------------------------------------------
 
     def progress_rows(self) -> list[dict[str, Any]]:
@@ -495,6 +520,8 @@ class SourceBackfill:
                 "offset": self.progress[s].offset,
                 "num_consumed_rows": self.progress[s].num_consumed_rows,
                 "target_offset": self.progress[s].target_offset,
+                "skipped": self.progress[s].skipped,
+                "last_skipped_offset": self.progress[s].last_skipped_offset,
             }
             for s in split_order(self.progress)
         ]

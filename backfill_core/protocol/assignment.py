@@ -25,6 +25,7 @@ class SourceRef:
 
     id: int
     kafka: dict[str, Any]  # its connection (``connectors.kafka.KafkaSpec`` JSON)
+    on_error: str = "skip"  # a message that is not a valid row: skip | fail
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,11 @@ class JobSpec:
             state=str(d["state"]),
             upstream_table=d.get("upstream_table"),
             upstream_schema=d.get("upstream_schema"),
-            source=SourceRef(int(src["id"]), src["kafka"]) if src else None,
+            source=(
+                SourceRef(int(src["id"]), src["kafka"], str(src.get("on_error", "skip")))
+                if src
+                else None
+            ),
             mv_table=str(d["mv_table"]),
             mv_schema=d["mv_schema"],
             columns=[str(c) for c in d["columns"]],
@@ -83,7 +88,9 @@ class JobSpec:
             "state": self.state,
             "upstream_table": self.upstream_table,
             "upstream_schema": self.upstream_schema,
-            "source": {"id": src.id, "kafka": src.kafka} if src else None,
+            "source": (
+                {"id": src.id, "kafka": src.kafka, "on_error": src.on_error} if src else None
+            ),
             "mv_table": self.mv_table,
             "mv_schema": self.mv_schema,
             "columns": self.columns,
@@ -137,6 +144,8 @@ class SplitRestore:
     offset: int | None = None
     num_consumed_rows: int = 0
     target_offset: int | None = None
+    skipped: int = 0  # messages that are not rows (``on_error: skip``)
+    last_skipped_offset: int | None = None
 
     @classmethod
     def from_json(cls, data: Any) -> SplitRestore:
@@ -147,6 +156,8 @@ class SplitRestore:
             opt_integer(d, "offset"),
             integer(d, "num_consumed_rows", 0),
             opt_integer(d, "target_offset"),
+            integer(d, "skipped", 0),
+            opt_integer(d, "last_skipped_offset"),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -156,6 +167,8 @@ class SplitRestore:
             "offset": self.offset,
             "num_consumed_rows": self.num_consumed_rows,
             "target_offset": self.target_offset,
+            "skipped": self.skipped,
+            "last_skipped_offset": self.last_skipped_offset,
         }
 
 

@@ -64,6 +64,8 @@ _SPLIT_ROW = (
     ("offset", int, True),
     ("num_consumed_rows", int, True),
     ("target_offset", int, True),
+    ("skipped", int, True),
+    ("last_skipped_offset", int, True),
 )
 
 
@@ -230,15 +232,33 @@ class CollectBatchAnswer:
 
 @dataclass(frozen=True)
 class FailureReport:
-    """An actor (None: the whole worker) failed: its graphs recover."""
+    """An actor (None: the whole worker) failed: its graphs recover.
+
+    ``cause_actor_id`` names the actor whose work raised, when the worker knows it: the
+    failure counts against that actor's job (its failure policy). ``fatal``: the cause
+    cannot go away by trying again (a poison message under ``on_error: fail``), so the
+    job fails at once."""
 
     message: str
     actor_id: int | None = None
+    cause_actor_id: int | None = None
+    fatal: bool = False
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> FailureReport:
         actor = d.get("actor_id")
-        return cls(str(d["message"]), None if actor is None else int(actor))
+        cause = d.get("cause_actor_id")
+        return cls(
+            str(d["message"]),
+            None if actor is None else int(actor),
+            None if cause is None else int(cause),
+            bool(d.get("fatal", False)),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"actor_id": self.actor_id, "message": self.message}
+        return {
+            "actor_id": self.actor_id,
+            "message": self.message,
+            "cause_actor_id": self.cause_actor_id,
+            "fatal": self.fatal,
+        }

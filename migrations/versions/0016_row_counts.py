@@ -5,7 +5,7 @@ of these deltas up to that epoch (``docs/architecture.md#progress-events-and-met
 one delta at epoch 0: their rows now (tables are never rolled back).
 
 Revision ID: 0016
-Revises: 0013
+Revises: 0015
 """
 
 import json
@@ -19,7 +19,7 @@ from backfill_core.schema import TableSchema
 from state_store.versioned import DELETED, EPOCH, VersionedTable
 
 revision = "0016"
-down_revision = "0013"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 

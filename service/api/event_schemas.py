@@ -75,6 +75,32 @@ class DroppedEvent(EventData):
     """The job was dropped."""
 
 
+class JobFailedEvent(EventData):
+    """The job failed (its failure policy gave up, or a fatal failure): its actors
+    stopped; ``POST /v1/jobs/{id}/retry`` starts it again."""
+
+    error: str = Field(description="names the cause, the actor and the committed epoch")
+    cause: str = Field(description="the failure's message with its numbers masked")
+    actor_id: int
+    epoch: EpochJson = Field(description="its graph's committed epoch when it failed")
+    attempts: int = Field(description="failures of this cause within the window")
+
+
+class MessagesSkippedEvent(EventData):
+    """Messages of a source's partition that are not rows were skipped (its
+    ``on_error: skip``), as of ``epoch``."""
+
+    partition: int
+    skipped: int = Field(description="skipped since the partition's last report")
+    total: int = Field(description="skipped in this partition by the job so far")
+    last_offset: int = Field(description="the last skipped message's offset")
+    epoch: EpochJson
+
+
+class RetriedEvent(EventData):
+    """A failed job was started again."""
+
+
 EVENT_KINDS: dict[str, type[EventData]] = {
     "job_created": JobCreatedEvent,
     "paused": PausedEvent,
@@ -86,6 +112,9 @@ EVENT_KINDS: dict[str, type[EventData]] = {
     "created": CreatedEvent,
     "cancelled": CancelledEvent,
     "dropped": DroppedEvent,
+    "job_failed": JobFailedEvent,
+    "retried": RetriedEvent,
+    "messages_skipped": MessagesSkippedEvent,
 }
 
 

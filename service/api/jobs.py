@@ -158,11 +158,25 @@ class SplitRow(BaseModel):
     offset: int | None = Field(description="backfilled up to here (inclusive)")
     target_offset: int | None = Field(description="the backfill ends at this offset")
     rows: int
+    skipped: int = Field(
+        default=0, description="messages that are not rows, skipped (`on_error: skip`)"
+    )
+    last_skipped_offset: int | None = Field(default=None, description="the last one's offset")
 
 
 class RecoveryRow(BaseModel):
     at: dt.datetime
     reason: str | None
+
+
+class FailureRow(BaseModel):
+    at: dt.datetime
+    actor_id: int
+    epoch: EpochJson = Field(description="its graph's committed epoch then")
+    message: str
+    backoff_ms: int | None = Field(
+        description="how long its graph's recovery waited after it; null: it failed the job"
+    )
 
 
 class Progress(BaseModel):
@@ -195,6 +209,13 @@ class Progress(BaseModel):
     )
     vnodes: list[VnodeRow]
     splits: list[SplitRow] = Field(description="source backfill: per Kafka partition")
+    error: str | None = Field(
+        default=None, description="a failed job's: the cause, the actor and the epoch"
+    )
+    failures: list[FailureRow] = Field(
+        default_factory=list,
+        description="the job's failed attempts since it was created or retried, oldest first",
+    )
 
 
 class Verification(BaseModel):
@@ -336,8 +357,21 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
                 offset=x.offset,
                 target_offset=x.target_offset,
                 rows=x.num_consumed_rows,
+                skipped=x.skipped,
+                last_skipped_offset=x.last_skipped_offset,
             )
             for x in p.splits
+        ],
+        error=p.error,
+        failures=[
+            FailureRow(
+                at=dt.datetime.fromtimestamp(f.at_ms / 1000, dt.UTC),
+                actor_id=f.actor_id,
+                epoch=f.epoch,
+                message=f.message,
+                backoff_ms=f.backoff_ms,
+            )
+            for f in p.failures
         ],
     )
     return conditional(request, body)
@@ -351,6 +385,17 @@ def pause(job_id: int, ctx: Ctx) -> JobView:
 @router.post("/{job_id}/resume", response_model=JobView, operation_id="resumeJob")
 def resume(job_id: int, ctx: Ctx) -> JobView:
     return _view(ctx, steering.steered(ctx.signal, steering.set_paused(ctx.db, job_id, False)))
+
+
+@router.post(
+    "/{job_id}/retry",
+    response_model=JobView,
+    operation_id="retryJob",
+    description="Start a failed job again: a snapshot backfill from its committed "
+    "progress, any other from the start (409 when the job is not failed).",
+)
+def retry(job_id: int, ctx: Ctx) -> JobView:
+    return _view(ctx, steering.steered(ctx.signal, steering.retry_job(ctx.db, job_id)))
 
 
 @router.patch("/{job_id}", response_model=JobView, operation_id="updateJob")

@@ -27,7 +27,8 @@ _JOBS = text(
            coalesce(p.consumed_rows, 0), coalesce(p.rows_per_s, 0),
            coalesce(p.total_estimate, greatest(coalesce(c.reltuples, 0), 0)),
            (SELECT count(*) FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL),
-           {WAITING_FOR_WORKER_SQL}
+           {WAITING_FOR_WORKER_SQL},
+           (SELECT coalesce(sum(x.skipped), 0) FROM split_progress x WHERE x.job_id = j.id)
     FROM jobs j
     LEFT JOIN job_progress p ON p.job_id = j.id
     LEFT JOIN relations r ON r.id = j.upstream_relation_id
@@ -68,12 +69,17 @@ class JobCollector:
         state = GaugeMetricFamily(
             "backfill_job_state", "1 for the job's state", labels=[*labels, "state"]
         )
+        skipped = CounterMetricFamily(
+            "backfill_job_messages_skipped",
+            "Source messages that are not rows, skipped (on_error: skip), as committed",
+            labels=labels,
+        )
         workers = GaugeMetricFamily(
             "backfill_workers", "Registered workers by liveness", labels=["state"]
         )
         with self.db.engine.connect() as conn:
             for row in conn.execute(_JOBS):
-                jid, name, kind, st, is_paused, consumed, rps, total, live, no_worker = row
+                jid, name, kind, st, is_paused, consumed, rps, total, live, no_worker, bad = row
                 lv = [str(jid), name, kind]
                 percent, left = completion(consumed, max(total, consumed), rps, st == "created")
                 rows.add_metric(lv, consumed)
@@ -84,10 +90,12 @@ class JobCollector:
                 actors.add_metric(lv, live)
                 waiting.add_metric(lv, 1 if no_worker else 0)
                 state.add_metric([*lv, st], 1)
+                if kind == "source":
+                    skipped.add_metric(lv, bad)
             alive, registered = conn.execute(_WORKERS).one()
         workers.add_metric(["alive"], alive)
         workers.add_metric(["not_alive"], registered - alive)
-        yield from (rows, progress, eta, paused, actors, waiting, state, workers)
+        yield from (rows, progress, eta, paused, actors, waiting, state, skipped, workers)
 
 
 @router.get(

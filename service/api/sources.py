@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from backfill_core.schema import Column, SchemaError, parse_type
+from connectors.kafka import redacted_properties
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
@@ -31,7 +32,9 @@ class KafkaSettings(BaseModel):
     properties: dict[str, str] | None = Field(
         default=None,
         max_length=100,
-        description="extra librdkafka client settings (e.g. security.protocol)",
+        description="extra librdkafka client settings (e.g. security.protocol); secret "
+        "ones (`*password*`, `*secret*`, `sasl.*`, `ssl.key*`) are write-only: read back "
+        'as `"***"`',
     )
 
 
@@ -63,6 +66,11 @@ class SourceCreate(RequestBody):
         default=None,
         description="messages/s the shared source reads; null: no limit",
     )
+    on_error: Literal["skip", "fail"] = Field(
+        default="skip",
+        description="a message that is not a valid row (not a JSON object, or a field "
+        "that does not fit its column): `skip` it (counted), or `fail` the job reading it",
+    )
 
 
 class SourceView(BaseModel):
@@ -72,6 +80,7 @@ class SourceView(BaseModel):
     columns: list[ColumnView]
     primary_key: list[str]
     rate_limit: int | None
+    on_error: Literal["skip", "fail"]
     start_offsets: dict[str, int] = Field(
         description="partition -> where the shared source started (the topic's end then)"
     )
@@ -83,13 +92,16 @@ class SourceList(BaseModel):
 
 
 def _view(src: Source) -> SourceView:
+    props = src.kafka.get("properties")
     return SourceView(
         name=src.name,
-        kafka=KafkaSettings(**src.kafka),
+        # secrets are write-only: stored for the workers' clients, never shown
+        kafka=KafkaSettings(**(src.kafka | {"properties": redacted_properties(props or {})})),
         format="json",
         columns=[ColumnView(**c) for c in src.schema["columns"]],
         primary_key=src.schema["primary_key"],
         rate_limit=src.rate_limit,
+        on_error="fail" if src.on_error == "fail" else "skip",
         start_offsets={k: int(v) for k, v in src.start_offsets.items()},
         created_at=src.created_at,
     )
@@ -118,6 +130,7 @@ def create_source(body: SourceCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Res
             columns,
             body.rate_limit,
             ctx.settings.default_vnode_count,
+            on_error=body.on_error,
             claim=claim,
         ),
         respond=lambda src: (201, _view(src)),

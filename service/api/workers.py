@@ -138,6 +138,13 @@ class CollectBatchResponse(BaseModel):
 class FailureReport(RequestBody):
     actor_id: int | None = Field(default=None, ge=0, le=MAX_INT32)
     message: str = Field(max_length=10_000)
+    cause_actor_id: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_INT32,
+        description="the actor whose work raised: the failure counts against its job",
+    )
+    fatal: bool = Field(default=False, description="true: the job fails at once")
 
 
 # each edge model and the protocol's type it is decoded into (or encoded from)
@@ -304,6 +311,6 @@ def _collect(
     openapi_extra=INTERNAL,
 )
 def report_failure(worker_id: int, body: FailureReport, ctx: Ctx) -> Response:
-    report = protocol.FailureReport(body.message, body.actor_id)
-    workers.report_failure(ctx.db, worker_id, report.actor_id, report.message)
+    report = protocol.FailureReport(body.message, body.actor_id, body.cause_actor_id, body.fatal)
+    workers.report_failure(ctx.db, worker_id, report, ctx.settings, ctx.clock())
     return Response(status_code=202)

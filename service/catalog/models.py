@@ -82,6 +82,8 @@ class Source(Base):
     format: Mapped[str] = mapped_column(Text)
     schema: Mapped[dict[str, Any]]
     rate_limit: Mapped[int | None] = mapped_column(Integer)  # messages/s over all partitions
+    # a message that is not a valid row: skip (counted) | fail (the job)
+    on_error: Mapped[str] = mapped_column(Text, default="skip", server_default="skip")
     # split -> the offset the shared source starts at (the topic's end at creation)
     start_offsets: Mapped[dict[str, Any]] = mapped_column(JSONB, default=dict)
     created_at: Mapped[dt.datetime] = _now()
@@ -116,6 +118,8 @@ class Graph(Base):
     state: Mapped[str] = mapped_column(Text, default="running")  # running | recovering | stopped
     recovery_seq: Mapped[int] = mapped_column(Integer, default=0)
     recovery_reason: Mapped[str | None] = mapped_column(Text)
+    # a failing job's backoff: the recovery waits until then (wall-clock ms)
+    recover_after_ms: Mapped[int | None] = mapped_column(BigInteger)
     barrier_seq: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[dt.datetime] = _now()
 
@@ -144,6 +148,21 @@ class Job(Base):
     updated_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now(), onupdate=func.now()
     )
+
+
+class JobFailure(Base):
+    """One failed attempt of a job (an actor's failure reported by its worker)."""
+
+    __tablename__ = "job_failures"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    at_ms: Mapped[int] = mapped_column(BigInteger)
+    cause: Mapped[str] = mapped_column(Text)  # the message with its numbers masked
+    message: Mapped[str] = mapped_column(Text)
+    actor_id: Mapped[int] = mapped_column(Integer)
+    epoch: Mapped[int] = mapped_column(BigInteger)  # the graph's committed epoch then
+    recovery_seq: Mapped[int] = mapped_column(Integer)  # the incarnation that failed
+    backoff_ms: Mapped[int | None] = mapped_column(BigInteger)  # None: it failed the job
 
 
 class Worker(Base):
@@ -194,6 +213,8 @@ class SplitProgress(Base):
     offset: Mapped[int | None] = mapped_column(BigInteger)
     target_offset: Mapped[int | None] = mapped_column(BigInteger)
     num_consumed_rows: Mapped[int] = mapped_column(BigInteger, default=0)
+    skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    last_skipped_offset: Mapped[int | None] = mapped_column(BigInteger)
     epoch: Mapped[int] = mapped_column(BigInteger)
 
 

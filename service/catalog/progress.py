@@ -34,6 +34,8 @@ class SplitRow:
     offset: int | None
     target_offset: int | None
     num_consumed_rows: int
+    skipped: int = 0
+    last_skipped_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +51,17 @@ class Kept:
 class Recovery:
     at: dt.datetime
     reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A failed attempt of the job (``service/meta/failures.py``)."""
+
+    at_ms: int
+    actor_id: int
+    epoch: int
+    message: str
+    backoff_ms: int | None  # None: it failed the job
 
 
 @dataclass(frozen=True)
@@ -75,11 +88,13 @@ class ProgressSnapshot:
     log_store: LogStoreLag | None = None
     recoveries: list[Recovery] = field(default_factory=list)  # the latest first
     waiting_for_worker: bool = False
+    error: str | None = None
+    failures: list[Failure] = field(default_factory=list)  # within the window, oldest first
 
 
 _PROGRESS = text(
     f"""
-    SELECT j.state, j.snapshot_epoch, g.kind AS graph_kind,
+    SELECT j.state, j.snapshot_epoch, j.error, g.kind AS graph_kind,
       g.committed_epoch, g.current_epoch, m.committed_epoch AS main_committed,
       p.job_id IS NOT NULL AS kept, p.consumed_rows, p.rows_per_s, p.total_estimate,
       (SELECT c.reltuples FROM pg_class c
@@ -88,7 +103,8 @@ _PROGRESS = text(
                                  ORDER BY v.vnode), '[]'::jsonb)
         FROM vnode_progress v WHERE v.job_id = j.id) AS vnodes,
       (SELECT coalesce(jsonb_agg(jsonb_build_array(x.split, x.state, x."offset",
-                                                   x.target_offset, x.num_consumed_rows)),
+                                                   x.target_offset, x.num_consumed_rows,
+                                                   x.skipped, x.last_skipped_offset)),
                        '[]'::jsonb)
         FROM split_progress x WHERE x.job_id = j.id) AS splits,
       (SELECT coalesce(jsonb_agg(jsonb_build_array(e.created_at, e.data->>'reason')
@@ -96,6 +112,9 @@ _PROGRESS = text(
         FROM (SELECT id, created_at, data FROM events
               WHERE job_id = j.id AND kind = 'recovered' ORDER BY id DESC LIMIT :recent) e
       ) AS recoveries,
+      (SELECT coalesce(jsonb_agg(jsonb_build_array(f.at_ms, f.actor_id, f.epoch, f.message,
+                                                   f.backoff_ms) ORDER BY f.id), '[]'::jsonb)
+        FROM job_failures f WHERE f.job_id = j.id) AS failures,
       CASE WHEN g.kind = 'creating' AND j.snapshot_epoch IS NOT NULL THEN
         (SELECT count(*) FROM barriers b
           WHERE b.graph_id = :main
@@ -150,4 +169,6 @@ def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
         log_store=_log_store_lag(row),
         recoveries=[Recovery(dt.datetime.fromisoformat(at), why) for at, why in row.recoveries],
         waiting_for_worker=bool(row.waiting_for_worker),
+        error=row.error,
+        failures=[Failure(*f) for f in row.failures],
     )

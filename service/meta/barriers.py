@@ -207,16 +207,38 @@ _JOB_PROGRESS = text(
     """
 )
 
+# a source's messages that are not rows, skipped since the split's last commit: an event
+# per split (before the commit overwrites the count)
+_SKIPPED_EVENTS = text(
+    """
+    INSERT INTO events (job_id, kind, data)
+    SELECT a.job_id, 'messages_skipped', jsonb_build_object(
+             'partition', (x->>'split')::int,
+             'skipped', (x->>'skipped')::bigint - coalesce(p.skipped, 0),
+             'total', (x->>'skipped')::bigint,
+             'last_offset', (x->>'last_skipped_offset')::bigint,
+             'epoch', CAST(:prev AS bigint))
+    FROM barrier_collects c JOIN actors a ON a.id = c.actor_id
+    CROSS JOIN jsonb_array_elements(coalesce(c.progress->'splits', '[]'::jsonb)) x
+    LEFT JOIN split_progress p ON p.job_id = a.job_id AND p.split = x->>'split'
+    WHERE c.graph_id = :g AND c.curr_epoch = :curr
+      AND (x->>'skipped')::bigint > coalesce(p.skipped, 0)
+    """
+)
+
 _PERSIST_SPLITS = text(
     """
-    INSERT INTO split_progress (job_id, split, state, "offset", target_offset, num_consumed_rows, epoch)
+    INSERT INTO split_progress (job_id, split, state, "offset", target_offset, num_consumed_rows,
+                                skipped, last_skipped_offset, epoch)
     SELECT a.job_id, x->>'split', x->>'state', (x->>'offset')::bigint, (x->>'target_offset')::bigint,
-           coalesce((x->>'num_consumed_rows')::bigint, 0), :prev
+           coalesce((x->>'num_consumed_rows')::bigint, 0), coalesce((x->>'skipped')::bigint, 0),
+           (x->>'last_skipped_offset')::bigint, :prev
     FROM barrier_collects c JOIN actors a ON a.id = c.actor_id,
          jsonb_array_elements(coalesce(c.progress->'splits', '[]'::jsonb)) x
     WHERE c.graph_id = :g AND c.curr_epoch = :curr
     ON CONFLICT (job_id, split) DO UPDATE SET state = EXCLUDED.state, "offset" = EXCLUDED."offset",
       target_offset = EXCLUDED.target_offset, num_consumed_rows = EXCLUDED.num_consumed_rows,
+      skipped = EXCLUDED.skipped, last_skipped_offset = EXCLUDED.last_skipped_offset,
       epoch = EXCLUDED.epoch
     """
 )
@@ -351,6 +373,7 @@ def try_complete(session: Session, graph: Graph) -> int | None:
         params = {"g": graph.id, "curr": curr, "prev": prev}
         graph.committed_epoch = max(graph.committed_epoch, prev)
         session.execute(_PERSIST_VNODES, params)
+        session.execute(_SKIPPED_EVENTS, params)
         session.execute(_PERSIST_SPLITS, params)
         session.execute(_TRIM_SPLITS, params)
         session.execute(_JOB_PROGRESS, {**params, "clock": clock, "window": RATE_WINDOW_MS})

@@ -38,6 +38,12 @@ COMMITTED_EPOCH = Gauge(
 RECOVERIES = Counter(
     "backfill_recoveries_total", "Graph recoveries", ["graph_id", "reason"], registry=REGISTRY
 )
+JOB_FAILURES = Counter(
+    "backfill_job_failures_total",
+    "Failures of a job's actors: outcome backoff (its graph recovers later) or failed",
+    ["job_id", "outcome"],
+    registry=REGISTRY,
+)
 BARRIERS_INJECTED = Counter(
     "backfill_barriers_injected_total", "Barriers injected", ["graph_id", "kind"], registry=REGISTRY
 )

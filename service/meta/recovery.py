@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 def request_recovery(session: Session, graph_id: int, reason: str) -> None:
     graph = lock_graph(session, graph_id)
-    if graph.state != "recovering":
+    if graph.state == "running":  # a stopped graph (its job failed) waits for a retry
         graph.state = "recovering"
         graph.recovery_reason = reason
 
@@ -93,6 +93,8 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
     # later ones see the new incarnation
     gate_graph(session, graph_id)
     graph = lock_graph(session, graph_id)
+    if graph.recover_after_ms is not None and now_ms < graph.recover_after_ms:
+        return False  # a failing job's backoff (``service/meta/failures.py``)
     committed = graph.committed_epoch
     reason = graph.recovery_reason or "recovery"
     # a creating graph starts again at the epoch after its committed one, which the last
@@ -168,6 +170,7 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
     graph.recovery_seq += 1
     graph.state = "running"
     graph.recovery_reason = None
+    graph.recover_after_ms = None
     session.flush()
     metrics.RECOVERIES.labels(str(graph_id), reason).inc()
     jobs = session.execute(

@@ -17,6 +17,7 @@ from backfill_core.protocol import (
     BarrierMessage,
     CollectRequest,
     ErrorCode,
+    FailureReport,
     JobSpec,
     PollAnswer,
     RestoreState,
@@ -35,10 +36,12 @@ from service.catalog.models import (
 )
 from service.db import Database, json_text, retry_deadlocks
 from service.errors import Conflict, Gone, NotFound
+from service.meta import failures
 from service.meta.barriers import CollectResult, lock_graph, try_complete
 from service.meta.recovery import request_recovery
 from service.meta.signal import BarrierSignal
 from service.meta.sources import epoch_ranges
+from service.settings import Settings
 
 RECHECK_S = 0.05
 
@@ -93,7 +96,11 @@ def deregister(db: Database, worker_id: int) -> None:
             request_recovery(s, g, "worker stopped")
 
 
-def report_failure(db: Database, worker_id: int, actor_id: int | None, message: str) -> None:
+def report_failure(
+    db: Database, worker_id: int, report: FailureReport, settings: Settings, now_ms: int
+) -> None:
+    """Recover the failed actor's graph (every graph of the worker when it names none),
+    and count the failure against the job of the actor that caused it."""
     with db.transaction() as s:
         w = s.get(Worker, worker_id)
         if w is None:
@@ -102,11 +109,20 @@ def report_failure(db: Database, worker_id: int, actor_id: int | None, message: 
                 {"worker_id": worker_id},
                 code=ErrorCode.UNKNOWN_WORKER,
             )
+        if report.cause_actor_id is not None:
+            failures.on_actor_failure(
+                s,
+                report.cause_actor_id,
+                report.message,
+                fatal=report.fatal,
+                policy=failures.FailurePolicy.from_settings(settings),
+                now_ms=now_ms,
+            )
         q = select(Actor.graph_id).where(Actor.worker_id == worker_id)
-        if actor_id is not None:
-            q = q.where(Actor.id == actor_id)
+        if report.actor_id is not None:
+            q = q.where(Actor.id == report.actor_id)
         for g in list(s.execute(q.distinct()).scalars()):
-            request_recovery(s, g, f"worker failure: {message[:200]}")
+            request_recovery(s, g, f"worker failure: {report.message[:200]}")
 
 
 def _job_spec(row: Any, srcs: dict[int, Source]) -> JobSpec:
@@ -119,7 +135,7 @@ def _job_spec(row: Any, srcs: dict[int, Source]) -> JobSpec:
         state=row.job_state,
         upstream_table=row.up_table,
         upstream_schema=row.up_schema if row.up_table else (src.schema if src else None),
-        source=SourceRef(src.id, src.kafka) if src else None,
+        source=SourceRef(src.id, src.kafka, src.on_error) if src else None,
         mv_table=row.mv_table,
         mv_schema=row.mv_schema,
         columns=row.columns,
@@ -291,7 +307,15 @@ def _restore(s: Session, actor: Any) -> RestoreState:
         ).scalars()
         return RestoreState(
             splits=tuple(
-                SplitRestore(p.split, p.state, p.offset, p.num_consumed_rows, p.target_offset)
+                SplitRestore(
+                    p.split,
+                    p.state,
+                    p.offset,
+                    p.num_consumed_rows,
+                    p.target_offset,
+                    p.skipped,
+                    p.last_skipped_offset,
+                )
                 for p in splits
             ),
             finished=finished,

@@ -3,11 +3,12 @@ from one read of the catalog (``service.catalog.progress``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from service.catalog.progress import (
     RECENT_RECOVERIES,
+    Failure,
     LogStoreLag,
     ProgressSnapshot,
     Recovery,
@@ -40,6 +41,8 @@ class JobProgressReport:
     recoveries: list[Recovery]  # the latest first
     vnodes: list[VnodeRow]
     splits: list[SplitRow]
+    error: str | None = None  # a failed job's: names the cause, the actor and the epoch
+    failures: list[Failure] = field(default_factory=list)  # its failed attempts, oldest first
 
 
 def job_progress(db: Database, job_id: int) -> JobProgressReport:
@@ -84,6 +87,8 @@ def report(snap: ProgressSnapshot) -> JobProgressReport:
         recoveries=snap.recoveries,
         vnodes=rows,
         splits=snap.splits,
+        error=snap.error,
+        failures=snap.failures,
     )
 
 

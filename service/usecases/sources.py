@@ -58,6 +58,7 @@ def create_source(
     rate_limit: int | None,
     vnode_count: int,
     claim: idempotency.Claim | None = None,
+    on_error: str = "skip",
 ) -> Source:
     try:
         validate_identifier(name, "source name")
@@ -96,6 +97,7 @@ def create_source(
                 format="json",
                 schema=schema.to_json(),
                 rate_limit=rate_limit,
+                on_error=on_error,
                 start_offsets={str(p): high for p, (_low, high) in marks.items()},
             )
             s.add(src)

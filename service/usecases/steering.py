@@ -18,6 +18,7 @@ from service.catalog.models import MAIN_GRAPH_ID, Actor, EpochPin, Job, JobProgr
 from service.catalog.queries import load_job, storage_of
 from service.db import Database, raw_cursor, retry_deadlocks
 from service.errors import Conflict, Invalid
+from service.meta import failures
 from service.meta.barriers import enqueue_mutation
 from service.meta.indexer import stop_build
 from service.meta.recovery import request_recovery
@@ -107,6 +108,26 @@ def update_job(
             place_job_actors(s, job, vnode_count, at_recovery=True, splits=splits)
             request_recovery(s, job.graph_id, "rescale")
             events.record(s, "rescaled", job.id, parallelism=parallelism)
+        return job
+
+
+def retry_job(db: Database, job_id: int) -> Job:
+    """Start a failed job again (``service/meta/failures.py``: from its committed progress
+    in a creating graph, from the start in the main graph)."""
+    with db.transaction() as s:
+        job = load_job(s, job_id, lock=True)
+        if job.state != "failed":
+            raise Conflict(f"job {job_id} is {job.state}, not failed", {"state": job.state})
+        if job.finished_epoch is not None and job.kind in ("chain", "snapshot"):
+            # it would start over in the main graph, from a fixed snapshot its pin no
+            # longer keeps (released when it was created)
+            raise Conflict(
+                f"job {job_id} ({job.kind}) failed after it was created and cannot start "
+                "over: drop it and create it again",
+                {"state": job.state, "kind": job.kind},
+            )
+        failures.retry(s, job)
+        events.record(s, "retried", job.id)
         return job
 
 

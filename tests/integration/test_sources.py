@@ -49,6 +49,35 @@ def test_create_get_list_drop(client: TestClient, kafka: MockKafka) -> None:
     assert_error(client.get("/v1/sources/clicks"), 404, "not_found")
 
 
+def test_secret_properties_are_stored_and_never_shown(
+    client: TestClient, kafka: MockKafka, db: Database
+) -> None:
+    kafka.produce("clicks", [(0, {"user_id": 1})])
+    secrets = {
+        "sasl.username": "svc",
+        "sasl.password": "hunter2-sasl",
+        "ssl.key.password": "hunter2-key",
+        "ssl.keystore.password": "hunter2-store",
+    }
+    props = {"client.id": "backfill-test", **secrets}
+    body = spec(kafka) | {"kafka": spec(kafka)["kafka"] | {"properties": props}}
+    created = client.post("/v1/sources", json=body)
+    assert created.status_code == 201, created.text
+    shown = {"client.id": "backfill-test"} | {k: "***" for k in secrets}
+    assert created.json()["kafka"]["properties"] == shown
+    assert client.get("/v1/sources/clicks").json()["kafka"]["properties"] == shown
+    answers = [
+        created.text,
+        client.get("/v1/sources").text,
+        client.get("/v1/sources/clicks").text,
+        client.get("/v1/events", params={"follow": "false"}).text,
+    ]
+    assert not any("hunter2" in a or '"svc"' in a for a in answers)
+    with db.transaction() as s:  # stored as given: the workers' clients need them
+        stored = s.execute(select(Source.kafka).where(Source.name == "clicks")).scalar_one()
+    assert stored["properties"] == props
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [

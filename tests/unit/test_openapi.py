@@ -49,6 +49,7 @@ PUBLIC_OPERATIONS = {
     ("GET", "/v1/jobs/{job_id}/progress"): "getJobProgress",
     ("POST", "/v1/jobs/{job_id}/pause"): "pauseJob",
     ("POST", "/v1/jobs/{job_id}/resume"): "resumeJob",
+    ("POST", "/v1/jobs/{job_id}/retry"): "retryJob",
     ("GET", "/v1/jobs/{job_id}/verify"): "verifyJob",
     ("GET", "/v1/events"): "streamEvents",
     ("GET", "/v1/jobs/{job_id}/events"): "streamJobEvents",
