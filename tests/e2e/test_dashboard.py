@@ -212,5 +212,25 @@ def test_dashboard_shows_a_snapshot_jobs_vnodes_its_worker_and_recent_events(
     wait_for(lambda: under_way.count() > 0, timeout=60, what="vnodes drawn as consuming")
     expect(page.locator("#job-details")).to_contain_text("dash (")
     expect(page.locator("#job-recoveries")).to_contain_text("none")
+
+    # a failure its actor cannot get past (what a worker reports as fatal) fails the job:
+    # the page shows the error and a Retry button, which starts it again
+    placed = http.get("/v1/workers").json()["workers"][0]["actors"]
+    actor = next(a["id"] for a in placed if a["job_id"] == job_id)
+    report = {"message": "disk full at vnode 3", "cause_actor_id": actor, "fatal": True}
+    r = http.post(
+        f"/v1/workers/{worker.client.worker_id}/failures",
+        json=report,
+        headers={"Authorization": f"Bearer {TOKENS['worker']}"},
+    )
+    assert r.status_code == 202, r.text
+    wait_for(lambda: job(http, job_id)["state"] == "failed", timeout=60, what="failed")
+    expect(page.locator("#job-state")).to_have_text("failed", timeout=60_000)
+    expect(page.locator("#job-failure")).to_contain_text("disk full at vnode 3")
+    with page.expect_response(lambda r: r.url.endswith("/retry")) as retried:
+        page.get_by_role("button", name="Retry").click()
+    assert retried.value.status == 200, retried.value.text()
+    wait_for(lambda: job(http, job_id)["state"] == "creating", timeout=60, what="retried")
+    expect(page.get_by_role("button", name="Retry")).to_be_hidden()
     assert page_errors == []
     page.close()

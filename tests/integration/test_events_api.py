@@ -135,7 +135,8 @@ def test_following_streams_share_one_reader_each_gets_every_event_once_and_are_c
         stream_reads[0] += 1
         return catalog_events.after(*args, **kwargs)
 
-    monkeypatch.setattr(events_route, "events", SimpleNamespace(after=counted_after))
+    routes_events = SimpleNamespace(**(vars(catalog_events) | {"after": counted_after}))
+    monkeypatch.setattr(events_route, "events", routes_events)
     n = 12
     capped = settings.model_copy(update={"max_event_streams_per_token": n})
     with live_server(capped, db) as url, http_client(url, timeout=60) as http:
