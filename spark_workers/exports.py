@@ -109,6 +109,11 @@ class ExportRunner:
 
         def watch() -> None:
             while not done.wait(self.report_s):
+                if stopped.is_set():
+                    # again until the write ends: a job submitted after a cancel (the
+                    # session or its Python workers were still starting) is not cancelled
+                    spark.session().sparkContext.cancelJobGroup(group)
+                    continue
                 try:
                     answer = self.client.report_export(task.id, ExportReport(ExportState.RUNNING))
                 except Exception as e:
@@ -118,7 +123,6 @@ class ExportRunner:
                     log.info("export %s is %s: stopping its job", task.id, answer.state)
                     stopped.set()
                     spark.session().sparkContext.cancelJobGroup(group)
-                    return
 
         watcher = threading.Thread(target=watch, name=f"export-{task.id}-watch", daemon=True)
         watcher.start()
