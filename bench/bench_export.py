@@ -56,7 +56,7 @@ def _load(dsn: str, n: int) -> None:
                 rows = [(i, i % 1000, f"note {i}") for i in range(lo, min(n, lo + 100_000))]
                 table.write(cur, EPOCH, [Version(r) for r in rows])
                 cur.execute(
-                    "INSERT INTO public.plain_src SELECT i, i % 1000, 'note ' || i "
+                    "INSERT INTO public.plain_src SELECT i, i %% 1000, 'note ' || i "
                     "FROM generate_series(%s::bigint, %s::bigint - 1) i",
                     (lo, min(n, lo + 100_000)),
                 )
