@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.api.deps import get_ctx
-from service.api.epochs import EpochJson
+from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import EPOCH_GONE, ERROR_RESPONSES
 from service.api.limits import RequestBody
 from service.catalog.models import Export
@@ -38,7 +38,8 @@ class ExportCreate(RequestBody):
         "`s3a://bucket/dir`, `hdfs://namenode/dir` (where the cluster has those connectors), "
         "or `/dir` on Spark's default file system",
     )
-    epoch: EpochJson | None = Field(
+    # a decimal string, bounded as the epoch of a read (``/rows?epoch=``)
+    epoch: EpochQuery | None = Field(
         default=None, description="a committed epoch; default: the latest committed one"
     )
 
