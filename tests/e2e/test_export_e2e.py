@@ -51,8 +51,12 @@ def _pins(db: Database) -> int:
 def test_an_export_is_its_epochs_snapshot_under_a_writer_and_cancels(
     db: Database, fresh_db_url: str, tmp_path: Path
 ) -> None:
-    with running_cluster(db, fresh_db_url, WorkerSettings(), "export") as (http, _worker):
+    with running_cluster(db, fresh_db_url, WorkerSettings(), "export") as (http, worker):
         load(http, 3_000)
+        # the worker's Spark session starts before the writer, which would slow it down
+        wait_for(lambda: worker.spark is not None, 60, "the worker's Spark path")
+        assert worker.spark is not None
+        worker.spark.session()
 
         # under a concurrent writer: exactly the snapshot at the export's epoch
         with Writer(http, "orders", 3_000, seed=35) as writer:
