@@ -28,6 +28,9 @@ from backfill_core.protocol import (
     CollectRequest,
     ErrorBody,
     ErrorCode,
+    ExportReport,
+    ExportReportAnswer,
+    ExportTask,
     FailureReport,
     PollAnswer,
     RegisterRequest,
@@ -178,6 +181,19 @@ class ControlPlaneClient:
     ) -> None:
         body = FailureReport(message, actor_id, cause_actor_id, fatal).to_json()
         self._json(self._call("POST", f"/v1/workers/{self.worker_id}/failures", json=body), 202)
+
+    def claim_export(self) -> ExportTask | None:
+        """A queued export, now this worker's to run; None when none is queued. Not
+        retried once sent: a second claim would take a second export."""
+        r = self._call("POST", f"/v1/workers/{self.worker_id}/exports/claim", idempotent=False)
+        if r.status_code == 204:
+            return None
+        return ExportTask.from_json(self._json(r))
+
+    def report_export(self, export_id: int, report: ExportReport) -> ExportReportAnswer:
+        url = f"/v1/workers/{self.worker_id}/exports/{export_id}"
+        r = self._call("POST", url, json=report.to_json())
+        return ExportReportAnswer.from_json(self._json(r))
 
     def deregister(self) -> None:
         self._json(self._call("DELETE", f"/v1/workers/{self.worker_id}"), 204)

@@ -23,6 +23,7 @@ from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import SUPERSEDED, Assignment, CollectRequest, ErrorCode
 from spark_workers.actors import ActorFailed, ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
+from spark_workers.exports import ExportRunner
 from spark_workers.log_ids import label_log_records
 from spark_workers.rounds import RoundsJob, rounds_eligible
 from spark_workers.settings import WorkerSettings, load_worker_settings
@@ -73,6 +74,8 @@ class Worker:
         self.driver_pushdowns = 0  # driver reads that ran inside Postgres
         self.barrier_wanted = False  # actors read all they had: the next poll asks for it
         self.rounds: RoundsJob | None = None  # a Spark job spanning epochs, if one runs
+        # exports run on a thread of their own, as Spark jobs beside the actors' work
+        self.exports = ExportRunner(self.client, lambda: self.spark, self.stop_event)
 
     # lifecycle --------------------------------------------------------------
 
@@ -118,6 +121,7 @@ class Worker:
 
     def run(self) -> int:
         threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
+        threading.Thread(target=self.exports.run, name="exports", daemon=True).start()
         while not self.stop_event.is_set():
             if self.must_register and not self._try_register():
                 self.stop_event.wait(1.0)

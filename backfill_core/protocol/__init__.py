@@ -1,6 +1,6 @@
 """The contract between the control plane and the workers, in one place: the worker
 protocol's messages (``assignment``: the poll's answer; ``messages``: registration,
-collects, failure reports), its error codes (``errors``) and the plans of the worker's
+collects, failure reports; ``exports``: export work), its error codes (``errors``) and the plans of the worker's
 Spark jobs (``plan``). Each type decodes its JSON once (``from_json``) and encodes it
 once (``to_json``); both sides use these, the control plane behind the pydantic models
 of its HTTP edge (``service.api.workers``).
@@ -18,6 +18,12 @@ from backfill_core.protocol.assignment import (
 )
 from backfill_core.protocol.decode import MalformedMessage
 from backfill_core.protocol.errors import SUPERSEDED, ErrorBody, ErrorCode
+from backfill_core.protocol.exports import (
+    ExportReport,
+    ExportReportAnswer,
+    ExportState,
+    ExportTask,
+)
 from backfill_core.protocol.messages import (
     CollectAnswer,
     CollectBatch,
@@ -51,6 +57,10 @@ __all__ = [
     "CollectStatus",
     "ErrorBody",
     "ErrorCode",
+    "ExportReport",
+    "ExportReportAnswer",
+    "ExportState",
+    "ExportTask",
     "FailureReport",
     "GroupStart",
     "JobSpec",

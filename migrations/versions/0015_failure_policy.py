@@ -8,14 +8,14 @@ that is not a valid row does: ``skip`` it (counted per split in
 ``split_progress.skipped``, the last one in ``last_skipped_offset``) or ``fail`` the job.
 
 Revision ID: 0015
-Revises: 0013
+Revises: 0014
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 

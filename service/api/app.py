@@ -16,6 +16,7 @@ from service.api import (
     changes,
     dashboard,
     events,
+    exports,
     health,
     jobs,
     metrics,
@@ -46,6 +47,10 @@ API_VERSION = "0.1.0"
 # is the worker protocol's, whose operations are also marked `x-internal`
 OPENAPI_TAGS: list[dict[str, Any]] = [
     {"name": "tables", "description": "Tables, their DML and their rows at an epoch."},
+    {
+        "name": "exports",
+        "description": "A table's or view's snapshot at an epoch written as Parquet by Spark.",
+    },
     {"name": "sources", "description": "Kafka topics of JSON objects, read as tables."},
     {"name": "jobs", "description": "Materialized views and their online backfill."},
     {"name": "events", "description": "What happens to jobs, as Server-Sent Events."},
@@ -115,6 +120,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     app.include_router(health.router)
     app.include_router(tables.router)
     app.include_router(changes.router)
+    app.include_router(exports.router)
     app.include_router(sources.router)
     app.include_router(jobs.router)
     app.include_router(events.router)

@@ -23,7 +23,7 @@ from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.context import ServiceContext
 from service.db import json_text
 from service.embedded_pg import to_libpq_url
-from service.meta import creating, workers
+from service.meta import creating, exports, workers
 
 
 def _coded(what: str, *codes: ErrorCode) -> dict[str, Any]:
@@ -314,3 +314,53 @@ def report_failure(worker_id: int, body: FailureReport, ctx: Ctx) -> Response:
     report = protocol.FailureReport(body.message, body.actor_id, body.cause_actor_id, body.fatal)
     workers.report_failure(ctx.db, worker_id, report, ctx.settings, ctx.clock())
     return Response(status_code=202)
+
+
+class ExportTask(BaseModel):
+    id: int
+    relation: str
+    storage_table: str
+    table_schema: dict[str, Any]
+    epoch: int
+    format: str
+    path: str
+
+
+class ExportReport(RequestBody):
+    state: Literal["running", "succeeded", "failed", "cancelled"]
+    rows: int | None = Field(default=None, ge=0, le=MAX_BIGINT)
+    error: str | None = Field(default=None, max_length=10_000)
+
+
+class ExportReportAnswer(BaseModel):
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+EDGE_MODELS |= {
+    ExportTask: protocol.ExportTask,
+    ExportReport: protocol.ExportReport,
+    ExportReportAnswer: protocol.ExportReportAnswer,
+}
+
+
+@router.post(
+    "/{worker_id}/exports/claim",
+    response_model=ExportTask,
+    responses={204: {"description": "No export is queued"}},
+    operation_id="claimExport",
+    openapi_extra=INTERNAL,
+)
+def claim_export(worker_id: int, ctx: Ctx) -> Response:
+    task = exports.claim(ctx.db, worker_id)
+    return Response(status_code=204) if task is None else _json(task)
+
+
+@router.post(
+    "/{worker_id}/exports/{export_id}",
+    response_model=ExportReportAnswer,
+    operation_id="reportExport",
+    openapi_extra=INTERNAL,
+)
+def report_export(worker_id: int, export_id: int, body: ExportReport, ctx: Ctx) -> Response:
+    report = protocol.ExportReport(protocol.ExportState(body.state), body.rows, body.error)
+    return _json(exports.report(ctx.db, worker_id, export_id, report))

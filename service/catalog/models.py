@@ -230,6 +230,28 @@ class EpochPin(Base):
     created_at: Mapped[dt.datetime] = _now()
 
 
+class Export(Base):
+    """A relation's snapshot at a committed epoch, written as files by a worker's Spark
+    job (``service/usecases/exports.py``); its epoch is pinned (``export:<id>``) until it
+    ends."""
+
+    __tablename__ = "exports"
+    __table_args__ = (Index("ix_exports_state", "state"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    relation_id: Mapped[int | None] = mapped_column(ForeignKey("relations.id", ondelete="SET NULL"))
+    relation: Mapped[str] = mapped_column(Text)
+    format: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(Text)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(Text)  # queued | running | succeeded | failed | cancelled
+    rows: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))
+    created_at: Mapped[dt.datetime] = _now()
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class Barrier(Base):
     __tablename__ = "barriers"
     __table_args__ = (Index("ix_barriers_graph_id_state", "graph_id", "state"),)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 
 from backfill_core.epoch import EPOCH_PHYSICAL_SHIFT
 from service.catalog.models import EpochPin, Relation
@@ -45,8 +45,8 @@ _GC_INPUTS = text(
 
 def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
     """Compact every relation once; each relation in its own short transaction. The safe
-    epochs come from one query up front: they only err low (committed epochs grow, and
-    a new pin is at an upstream's committed epoch)."""
+    epochs come from one query up front, lowered under each relation's lock by the pins
+    taken since (committed epochs only grow)."""
     with db.transaction() as s:
         todo = [
             (int(r), safe_epoch(int(committed), retention_ms, min_pin))
@@ -58,8 +58,17 @@ def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
             rel = s.execute(
                 select(Relation).where(Relation.id == rel_id).with_for_update(skip_locked=True)
             ).scalar_one_or_none()
-            if rel is None or safe <= rel.gc_epoch or not rel.epoch_indexed:
+            if rel is None or not rel.epoch_indexed:
                 continue  # (an MV without its epoch index yet: GC would scan all of it)
+            # a pin taken since the query above (an export's, at any readable epoch) holds
+            # too: pins are taken holding the relation's row, which this one now holds
+            pinned = s.execute(
+                select(func.min(EpochPin.epoch)).where(EpochPin.relation_id == rel_id)
+            ).scalar_one()
+            if pinned is not None:
+                safe = min(safe, int(pinned))
+            if safe <= rel.gc_epoch:
+                continue
             removed = storage_of(rel).gc(raw_cursor(s), safe, rel.gc_epoch)
             fold_row_counts(s, rel.id, safe)
             rel.gc_epoch = safe

@@ -20,7 +20,7 @@ from service import migrate
 from service.catalog.models import Barrier, Graph
 from service.clock import Clock, system_clock
 from service.db import Database
-from service.meta import barriers, creating, gc, metrics, recovery, sources
+from service.meta import barriers, creating, exports, gc, metrics, recovery, sources
 from service.meta.chores import Chore
 from service.meta.indexer import EpochIndexer
 from service.meta.signal import BarrierSignal
@@ -162,7 +162,10 @@ class MetaLoop:
             orphaned = recovery.graphs_with_orphans(s)
             for g in orphaned:
                 recovery.request_recovery(s, g, "actor without a live worker")
-            if self.spawner is not None and recovery.graphs_with_orphans_any_state(s):
+            exports.sweep(s)
+            if self.spawner is not None and (
+                recovery.graphs_with_orphans_any_state(s) or exports.any_queued(s)
+            ):
                 self.spawner.ensure()
 
     def _tick_graph(self, s: Session, graph_id: int, kind: str, state: str, now: int) -> None:

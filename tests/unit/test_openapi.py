@@ -51,6 +51,10 @@ PUBLIC_OPERATIONS = {
     ("POST", "/v1/jobs/{job_id}/resume"): "resumeJob",
     ("POST", "/v1/jobs/{job_id}/retry"): "retryJob",
     ("GET", "/v1/jobs/{job_id}/verify"): "verifyJob",
+    ("POST", "/v1/tables/{name}/exports"): "createExport",
+    ("GET", "/v1/exports"): "listExports",
+    ("GET", "/v1/exports/{export_id}"): "getExport",
+    ("DELETE", "/v1/exports/{export_id}"): "cancelExport",
     ("GET", "/v1/events"): "streamEvents",
     ("GET", "/v1/jobs/{job_id}/events"): "streamJobEvents",
 }
