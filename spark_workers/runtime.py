@@ -140,12 +140,12 @@ class Worker:
             except ProtocolError as e:
                 graph_id = self._stale_collect(e)
                 if graph_id is None:
-                    log.exception("actor failure")
+                    log.exception("actor failure", extra={"actor_id": e.actor_id})
                     self._fail(str(e))
                 else:
                     self._superseded(graph_id, str(e))
             except ActorFailed as e:
-                log.exception("failure of actor %s", e.actor_id)
+                log.exception("failure of actor %s", e.actor_id, extra={"actor_id": e.actor_id})
                 self._fail(str(e), e.actor_id, e.fatal)
             except Exception as e:
                 log.exception("actor failure")
@@ -358,7 +358,11 @@ class Worker:
         self.conn.rollback()
         gone = set(actor_ids) - alive
         for actor_id in gone:
-            log.info("actor %s was dropped with its job: forgetting it", actor_id)
+            log.info(
+                "actor %s was dropped with its job: forgetting it",
+                actor_id,
+                extra={"actor_id": actor_id},
+            )
             self.runners.pop(actor_id, None)
         return bool(gone)
 

@@ -63,7 +63,7 @@ def skipped_by_partition(http: httpx.Client, job: int) -> dict[str, tuple[int, i
 
 
 def test_skip_counts_invalid_messages_and_fail_fails_the_job_naming_them(
-    cluster: httpx.Client, kafka: MockKafka
+    cluster: httpx.Client, kafka: MockKafka, caplog: pytest.LogCaptureFixture
 ) -> None:
     http = cluster
     # the backlog: 40 rows, then in partition 1 a message that is not JSON (offset 10)
@@ -106,6 +106,18 @@ def test_skip_counts_invalid_messages_and_fail_fails_the_job_naming_them(
     assert "poison message" in body["error"]
     events = http.get(f"/v1/jobs/{strict}/events", params={"follow": "false"}).text
     assert "event: job_failed" in events
+    # the worker's line about it names the actor (and, like all its lines, the worker)
+    strict_actors = {
+        a["id"]
+        for w in http.get("/v1/workers", params={"include_gone": "true"}).json()["workers"]
+        for a in w["actors"]
+        if a["job_id"] == strict
+    } or None
+    lines = [r for r in caplog.records if r.getMessage().startswith("failure of actor")]
+    assert lines and all(getattr(r, "worker_id", None) is not None for r in lines)
+    assert all(getattr(r, "actor_id", None) is not None for r in lines)
+    if strict_actors is not None:  # still placed: the line names one of them
+        assert any(r.actor_id in strict_actors for r in lines)
     kafka.produce(TOPIC, docs(52, 4))
     wait_for(lambda: http.get(f"/v1/jobs/{job}/verify").json()["expected_rows"] == 56, 60)
     assert_exact(http, job)
