@@ -50,17 +50,12 @@ serve: $(STAMP)
 # pytest's shared default under /tmp keeps only its last three runs, so another run on
 # the machine could delete a running one's database
 PYTEST_TMP := --basetemp=.pytest-tmp
-# two test processes (pytest-xdist), each with its own embedded Postgres: most tests wait
-# on barriers, workers and Postgres, so two keep the cores busy; PYTEST_WORKERS=0 runs
-# them in this process
-PYTEST_WORKERS ?= 2
-PYTEST_PARALLEL = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS))
 
 test: $(STAMP) $(CHROMIUM)
-	$(BIN)/python -m pytest $(PYTEST_TMP) $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(PYTEST_TMP) $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_TMP) $(PYTEST_PARALLEL) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_TMP) $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
