@@ -202,9 +202,12 @@ def test_a_job_created_before_any_worker_exists(db: Database, fresh_db_url: str)
         load(http, 5_000)
         with Writer(http, "orders", 5_000, seed=3):
             job = create_job(http, "early")
+            # it waits for a worker (not started orphaned: no recovery of its graph)
             wait_for(
-                lambda: _graph_state(db) == "recovering", what="the graph waiting for a worker"
+                lambda: http.get(f"/v1/jobs/{job}").json()["waiting_for_worker"],
+                what="the job waiting for a worker",
             )
+            assert _graph_state(db) == "running"
             worker = Worker(url, "late")
             t = threading.Thread(target=worker.run, daemon=True)
             t.start()

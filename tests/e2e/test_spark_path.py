@@ -56,7 +56,8 @@ def _row(i: int) -> dict[str, Any]:
 
 @pytest.fixture
 def spark_cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
-    worker_settings = WorkerSettings(spark_mode="always", spark_epoch_rows=700)
+    # Spark started when the worker registers (the default; tests turn it off elsewhere)
+    worker_settings = WorkerSettings(spark_mode="always", spark_epoch_rows=700, spark_warm_up=True)
     with running_cluster(db, fresh_db_url, worker_settings, "spark") as c:
         yield c
 
@@ -78,6 +79,9 @@ def test_every_type_round_trips_through_spark(
     pushed_down: bool,
 ) -> None:
     http, worker = spark_cluster
+    # the worker started Spark when it registered, before any job asked for it
+    wait_for(lambda: worker.spark is not None, timeout=60, what="registered")
+    assert worker.spark is not None and worker.spark.warmed.wait(300), "no warm-up"
     r = http.post("/v1/tables", json={"name": "things", "columns": COLUMNS, "primary_key": ["id"]})
     assert r.status_code == 201, r.text
     r = http.post(
@@ -142,13 +146,3 @@ def test_spark_python_workers_freeze_their_imports_and_the_driver_does_not(
     gc.unfreeze()
     _freeze_imports()
     assert gc.get_freeze_count() == 0
-
-
-def test_a_worker_starts_spark_when_it_registers(db: Database, fresh_db_url: str) -> None:
-    """The first large read after a worker starts pays no Spark start-up: the worker
-    starts its session and Python workers when it registers, with no job yet."""
-    warm = WorkerSettings(spark_warm_up=True)
-    with running_cluster(db, fresh_db_url, warm, "warm") as (_, worker):
-        wait_for(lambda: worker.spark is not None, timeout=60, what="registered")
-        assert worker.spark is not None and worker.rounds is None  # no job asked for it
-        assert worker.spark.warmed.wait(180), "Spark did not start with the worker"

@@ -438,6 +438,16 @@ class Run:
                 for plan in self.s.jobs:
                     body = plan.body(TABLE, SOURCE)
                     self.jobs.append(int(self.api(http, "POST", "/v1/jobs", json=body)["id"]))
+                # created before a worker registered, a job's actors wait for one: the
+                # faults' commits count from when they run
+                for job in self.jobs:
+                    wait_for(
+                        lambda job=job: (
+                            not self.api(http, "GET", f"/v1/jobs/{job}")["waiting_for_worker"]
+                        ),
+                        DEADLINE_S,
+                        what=f"job {job} placed on a worker",
+                    )
                 for fault in self.s.faults:
                     self.wait_commits(fault.after_commits)
                     self.check_progress(http)
