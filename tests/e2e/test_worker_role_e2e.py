@@ -46,9 +46,10 @@ def test_every_table_backfill_is_exact_on_the_workers_own_role(
         _,
     ):
         load(http, 60_000)
-        jobs = [
-            create_job(http, f"mv_{kind}", kind) for kind in ("arrangement", "snapshot", "chain")
-        ]
+        # arrangement's Spark jobs span epochs (work queues and rounds), snapshot's run per
+        # epoch: between them every table a worker's Spark path touches (chain reads as
+        # arrangement does, and costs CI another minute or two)
+        jobs = [create_job(http, f"mv_{kind}", kind) for kind in ("arrangement", "snapshot")]
         for job in jobs:
             wait_created(http, job, timeout=300)
             assert_exact(http, job)
