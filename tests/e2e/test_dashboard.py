@@ -188,7 +188,8 @@ def test_dashboard_shows_a_snapshot_jobs_vnodes_its_worker_and_recent_events(
     http, worker = cluster
     base = str(http.base_url).rstrip("/")
     load(http, 30_000)
-    job_id = create_job(http, "snap", "snapshot", rate_limit=300)
+    # 2 actors at 100 rows/s: minutes of reading the snapshot, whatever the machine's load
+    job_id = create_job(http, "snap", "snapshot", rate_limit=100)
     snapshot_epoch = job(http, job_id)["snapshot_epoch"]
     page: Page = browser.new_page(viewport={"width": 1280, "height": 1000})
     page.set_default_timeout(UI_TIMEOUT_MS)
