@@ -40,7 +40,7 @@ from service.catalog.queries import (
     storage_of,
     table_row_count,
 )
-from service.db import Database, raw_cursor, unique_violation
+from service.db import Database, raw_cursor, retry_deadlocks, unique_violation
 from service.errors import Conflict, Invalid, NotFound, Unavailable
 from service.meta.scheduler import place_job_actors
 from service.meta.signal import BarrierSignal
@@ -116,6 +116,9 @@ def create_job(
             signal.wait(seen, min(left, MIN_REREAD_GAP_S * 10))
 
 
+# one transaction, nothing outside it: a deadlock with a barrier's or GC's locks (a 503
+# to the client, once in a loaded CI run) is retried from scratch
+@retry_deadlocks
 def _create_job(db: Database, spec: JobSpec, claim: idempotency.Claim | None) -> Job:
     try:
         validate_identifier(spec.name, "job name")
