@@ -54,13 +54,20 @@ def place_unplaced(session: Session, actor_ids: Sequence[int]) -> bool:
     )
     if not unplaced:
         return True
+    if not reassign(session, unplaced):
+        return False
+    session.flush()
+    return True
+
+
+def reassign(session: Session, actors: list[Actor]) -> bool:
+    """Move actors to live workers; False when there is no live worker."""
     workers = live_workers(session)
     if not workers:
         return False
     loads = worker_loads(session)
-    for actor in unplaced:
-        worker = pick_worker(workers, loads)
-        assert worker is not None
-        actor.worker_id = worker.id
-    session.flush()
+    for a in actors:
+        w = pick_worker(workers, loads)
+        assert w is not None
+        a.worker_id = w.id
     return True

@@ -24,7 +24,7 @@ from service.db import raw_cursor
 from service.meta import creating, metrics, sources
 from service.meta.barriers import gate_graph, lock_graph
 from service.meta.epochs import next_epoch
-from service.meta.scheduler import reassign
+from service.meta.placement import reassign
 
 log = logging.getLogger(__name__)
 

@@ -60,16 +60,3 @@ def place_job_actors(
     if not at_recovery:
         enqueue_mutation(session, job.graph_id, {"add": [a.id for a in actors]})
     return actors
-
-
-def reassign(session: Session, actors: list[Actor]) -> bool:
-    """Move actors to live workers; False when there is no live worker."""
-    workers = live_workers(session)
-    if not workers:
-        return False
-    loads = worker_loads(session)
-    for a in actors:
-        w = pick_worker(workers, loads)
-        assert w is not None
-        a.worker_id = w.id
-    return True
