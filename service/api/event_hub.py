@@ -80,7 +80,16 @@ class EventHub:
         does not reach back to ``last``: the stream reads the database."""
         if self._base is None or last < self._base:
             return None
-        return [e for e in self._buffer if e.id > last and (job_id is None or e.job_id == job_id)]
+        # ids grow along the buffer: walk back from the newest, not over all of it (every
+        # following stream asks at every wake)
+        newer: list[Event] = []
+        for e in reversed(self._buffer):
+            if e.id <= last:
+                break
+            if job_id is None or e.job_id == job_id:
+                newer.append(e)
+        newer.reverse()
+        return newer
 
     async def wait(self, timeout_s: float) -> None:
         """Until the hub took in new events, or ``timeout_s``."""
