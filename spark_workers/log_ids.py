@@ -23,3 +23,9 @@ def label_log_records(**ids: Any) -> None:
     as it is set after the factory)."""
     _IDS.update(ids)
     logging.setLogRecordFactory(_factory)
+
+
+def forget_log_labels() -> None:
+    """Records logged from now on carry no ids of this module (a stopped worker's)."""
+    _IDS.clear()
+    logging.setLogRecordFactory(_ORIGINAL)

@@ -24,7 +24,7 @@ from backfill_core.protocol import SUPERSEDED, Assignment, CollectRequest, Error
 from spark_workers.actors import ActorFailed, ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.exports import ExportRunner
-from spark_workers.log_ids import label_log_records
+from spark_workers.log_ids import forget_log_labels, label_log_records
 from spark_workers.rounds import RoundsJob, rounds_eligible
 from spark_workers.settings import WorkerSettings, load_worker_settings
 from spark_workers.source_actor import SourceRunner
@@ -151,6 +151,7 @@ class Worker:
                 log.exception("actor failure")
                 self._fail(str(e) or type(e).__name__)
         self._shutdown()
+        forget_log_labels()
         return 0
 
     def _try_register(self) -> bool:

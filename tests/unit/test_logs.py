@@ -12,11 +12,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service import logs
+from spark_workers.log_ids import forget_log_labels
 
 
 @pytest.fixture
 def stream() -> Iterator[io.StringIO]:
     out = io.StringIO()
+    forget_log_labels()  # a worker runtime of an earlier test labelled the process
     root = logging.getLogger()
     before = (list(root.handlers), root.level)
     yield out
