@@ -274,6 +274,27 @@ def test_a_recovery_into_the_log_store_needs_every_vnode_consumed() -> None:
         ex.on_barrier(_barrier(4), upstream_latest_epoch=epoch(6))
 
 
+def test_progress_restored_at_the_first_barrier_resumes_the_log_store_there() -> None:
+    """The worker stores no epoch with a vnode's progress: restored at the snapshot
+    epoch, it is taken at the epoch the first barrier closes (``progress_at_first_barrier``),
+    where a restore naming its epochs must name that one; phase 1 keeps the snapshot's."""
+    s = epoch(3)
+    consumed = {v: VnodeBackfillProgress(s, 4, SnapshotVnodeState.CONSUMED) for v in (0, 1)}
+    strict = SnapshotBackfill(ACTOR, [0, 1], key_of, s, restore=consumed)
+    with pytest.raises(ValueError, match="must be consumed at epoch"):
+        strict.on_barrier(_barrier(4), upstream_latest_epoch=epoch(6))
+    ex = SnapshotBackfill(
+        ACTOR, [0, 1], key_of, s, restore=consumed, progress_at_first_barrier=True
+    )
+    ex.on_barrier(_barrier(4), upstream_latest_epoch=epoch(6))
+    assert ex.phase is Phase.LOG_STORE and ex.consumed_epoch == epoch(4)
+    assert {p.epoch for p in ex.progress.values()} == {epoch(4)}
+    consuming = {0: VnodeBackfillProgress(s, 2, current_pos=(4,))}
+    ex = SnapshotBackfill(ACTOR, [0], key_of, s, restore=consuming, progress_at_first_barrier=True)
+    ex.on_barrier(Barrier(EpochPair(1 << 16, 2 << 16)), upstream_latest_epoch=s)
+    assert ex.phase is Phase.SNAPSHOT and ex.progress[0].epoch == s
+
+
 def test_a_rescale_gives_a_vnode_new_to_the_snapshot_its_start() -> None:
     """Kills ``p = None`` and ``VnodeBackfillProgress(None)`` for a vnode without progress."""
     s = epoch(3)
