@@ -10,7 +10,12 @@ from psycopg2 import sql
 from backfill_core.changes import Version
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeProgress, VnodeState
 from backfill_core.executors.chain import ChainBackfill
-from backfill_core.executors.messages import Barrier
+from backfill_core.executors.interface import (
+    BackfillExecutor,
+    ReadGrouping,
+    VnodeRows,
+    VnodeSummary,
+)
 from backfill_core.executors.snapshot import SnapshotBackfill, VnodeBackfillProgress
 from backfill_core.executors.snapshot import VnodeState as SnapshotVnodeState
 from backfill_core.protocol import (
@@ -94,7 +99,7 @@ class ActorRunner:
         self.vnode_ranges: list[tuple[int, int]] = [(lo, hi) for lo, hi in assignment.vnodes]
         vnodes = [v for lo, hi in self.vnode_ranges for v in range(lo, hi)]
         restore = assignment.restore or RestoreState()
-        self.executor: ArrangementBackfill | ChainBackfill | SnapshotBackfill
+        self.executor: BackfillExecutor
         self._truncate = False
         if self.kind == "snapshot":
             if job.snapshot_epoch is None:
@@ -109,6 +114,7 @@ class ActorRunner:
                 paused=job.paused,
                 restore=self._restore_snapshot(restore, snapshot_epoch),
                 created=job.state == "created",
+                progress_at_first_barrier=True,
             )
         elif self.kind == "chain":
             # no mid-backfill progress (as in the seed): unless the job was created, the
@@ -152,19 +158,13 @@ class ActorRunner:
     ) -> dict[int, VnodeBackfillProgress]:
         # Progress is stored at the committed epoch, a fake one during the snapshot: the
         # executor counts it at the snapshot epoch there (and at the first barrier's
-        # epoch once the snapshot is over, see ``_first_snapshot_barrier``).
+        # epoch once the snapshot is over: ``progress_at_first_barrier``).
         return {
             v.vnode: VnodeBackfillProgress(
                 snapshot_epoch, v.row_count, SnapshotVnodeState(v.state), self._key(v.current_pos)
             )
             for v in restore.vnodes
         }
-
-    def _first_snapshot_barrier(self, ex: SnapshotBackfill, barrier: Barrier) -> None:
-        """Resuming after the snapshot: every vnode is consumed at the committed epoch."""
-        if ex.started or barrier.epoch.prev < ex.snapshot_epoch:
-            return
-        ex.progress = {v: replace(p, epoch=barrier.epoch.prev) for v, p in ex.progress.items()}
 
     def rebind(self, graph_id: int, recovery_seq: int) -> None:
         """The job merged into another graph: same executor, new fence."""
@@ -205,7 +205,7 @@ class ActorRunner:
         fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
 
     def has_reads(self) -> bool:
-        return not self.in_rounds and self.executor.next_read(1) is not None
+        return not self.in_rounds and bool(self.executor.plan_reads(1))
 
     def on_barrier(self, conn: Any, message: BarrierMessage) -> CollectRequest:
         """Complete the closing epoch (write its changes) and return the collect."""
@@ -223,11 +223,7 @@ class ActorRunner:
                 for lo, hi in self.vnode_ranges:
                     self.mv.delete_vnodes(cur, lo, hi)
                 self._truncate = False
-            if isinstance(ex, SnapshotBackfill):
-                self._first_snapshot_barrier(ex, barrier)
-                out = ex.on_barrier(barrier, changes, upstream_latest_epoch=message.upstream_epoch)
-            else:
-                out = ex.on_barrier(barrier, changes)
+            out = ex.on_barrier(barrier, changes, upstream_latest_epoch=message.upstream_epoch)
             versions = []
             for c in out.emit:
                 mc = self.view.change(c)
@@ -249,25 +245,25 @@ class ActorRunner:
         )
 
     def _report(self) -> CollectProgress:
-        report: dict[str, Any] = {}
-        if isinstance(self.executor, SnapshotBackfill):
-            report = {k: v for k, v in self.executor.report().items() if k != "vnodes"}
-        return CollectProgress.of(vnodes=self._progress(), report=report)
+        return CollectProgress.of(vnodes=self._progress(), report=self.executor.report())
 
     def read_some(self, conn: Any, max_rows: int) -> int:
         """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""
         ex = self.executor
         if self.in_rounds:
             return -1
-        if self.pushed_where is not None or not isinstance(ex, ArrangementBackfill):
+        # an arrangement's rows come in one group under one limit (one round trip); the
+        # other kinds read each vnode under its own share
+        if self.pushed_where is not None or self.kind != "arrangement":
             return self._read_spread(conn, max_rows)
-        read = ex.next_batch_read(max_rows)
-        if read is None:
+        reads = ex.plan_reads(max_rows, 1)
+        if not reads:
             return -1
+        [read] = reads
         with conn.cursor() as cur:
             self._fence(cur)
             rows = self.upstream.snapshot_multi(cur, read.epoch, read.starts, read.limit)
-            kept = ex.on_batch_rows(read, rows)
+            kept = ex.account(read, VnodeRows(rows))
             self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
         conn.commit()
         return len(rows)
@@ -279,10 +275,10 @@ class ActorRunner:
         (``state_store.pushdown``), and the executor accounts for each vnode's summary,
         as for the reads of a Spark task; otherwise the rows come here and go back."""
         ex = self.executor
-        reads = ex.next_spread_read(max_rows)
+        reads = ex.plan_reads(max_rows, grouping=ReadGrouping.EACH)
         if not reads:
             return -1
-        spread = [(r.vnode, r.after, r.limit) for r in reads]
+        spread = [(v, after, r.limit) for r in reads for v, after in r.starts]
         with conn.cursor() as cur:
             self._fence(cur)
             if self.pushed_where is not None:
@@ -297,17 +293,19 @@ class ActorRunner:
                 )
                 total = 0
                 for r in reads:
-                    count, last = got.get(r.vnode, (0, None))
-                    ex.on_read_summary(r, count, last)
-                    total += count
+                    summary = VnodeSummary({v: got[v] for v, _ in r.starts if v in got})
+                    ex.account(r, summary)
+                    total += summary.rows
             else:
                 rows = self.upstream.snapshot_reads(cur, reads[0].epoch, spread)
                 by_vnode: dict[int, list[Any]] = {}
                 for v, row in rows:
-                    by_vnode.setdefault(v, []).append(row)
+                    by_vnode.setdefault(v, []).append((v, row))
                 kept = []
                 for r in reads:
-                    kept += ex.on_snapshot_rows(r, by_vnode.get(r.vnode, []))
+                    kept += ex.account(
+                        r, VnodeRows([x for v, _ in r.starts for x in by_vnode.get(v, [])])
+                    )
                 self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
                 total = len(rows)
         conn.commit()

@@ -13,7 +13,8 @@ after the target is even read), parses them (``decode_messages``, under the sour
 writes them at the open epoch under the same fence as the table data source. Reading
 yields one summary row per range (``SUMMARY_DDL``; ``end_offset``: every message below
 it was read, so a range whose offsets end in transaction markers still reaches its
-target), which the driver collects and hands to ``SourceBackfill.on_backfill_summary``.
+target), which the driver collects and hands to ``SourceBackfill.account`` (a
+``SplitSummary``).
 
 Everything happens in the read: there is no data to hand from a reader to a writer
 (the rows are written where they are parsed), so no Arrow hop through the JVM. A retried
@@ -42,7 +43,7 @@ SUMMARY_DDL = (
 
 @dataclass(frozen=True, slots=True)
 class RangeSummary:
-    """What ``on_backfill_summary`` takes for one read."""
+    """What ``SplitSummary`` holds for one read."""
 
     count: int
     last_offset: int | None

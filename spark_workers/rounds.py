@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from backfill_core.executors.interface import VnodeSummary
 from backfill_core.executors.messages import SnapshotBatchRead
 from backfill_core.protocol import BarrierMessage
 from spark_workers.spark_path import job_epochs
@@ -75,7 +76,7 @@ class RoundsJob:
         self.batches: list[tuple[ActorRunner, SnapshotBatchRead]] = []
         for r in runners:
             groups = max(1, -(-r.remaining_estimate(conn) // round_rows))
-            for b in r.executor.next_batch_reads(groups * WHOLE_VNODES, groups):
+            for b in r.executor.plan_reads(groups * WHOLE_VNODES, groups):
                 self.batches.append((r, b))
         self.error: BaseException | None = None
         # the (graph, recovery sequence) its tasks fence their rounds with, once started
@@ -157,7 +158,9 @@ class RoundsJob:
                     f"not at the actor's {(ex.snapshot_epoch, ex.open_epoch)}"
                 )
             got = {int(v): (int(n), key_from_json(r, last)) for v, n, last in json.loads(summary)}
-            total += ex.on_batch_summary(replace(b, epoch=read_epoch), got)
+            summary = VnodeSummary(got)
+            ex.account(replace(b, epoch=read_epoch), summary)
+            total += summary.rows
             self.rounds += 1
             if write_epoch not in self.epochs:
                 self.epochs.add(write_epoch)

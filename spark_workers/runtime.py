@@ -438,11 +438,7 @@ class Worker:
             for r in self.runners.values()
             if not getattr(r, "in_rounds", False)
             and (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
-            and (
-                r.has_reads()
-                if isinstance(r, SourceRunner)
-                else r.executor.next_read(1) is not None
-            )
+            and r.has_reads()
         ]
         if s.spark_mode == "always":
             return eligible

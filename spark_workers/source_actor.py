@@ -16,6 +16,7 @@ from backfill_core.changes import Version
 from backfill_core.executors.source import (
     OffsetRead,
     SourceBackfill,
+    SplitOffsets,
     SplitProgress,
     SplitState,
     split_key,
@@ -119,7 +120,7 @@ class SourceRunner:
         self.recovery_seq = recovery_seq
 
     def has_reads(self) -> bool:
-        return bool(self.executor.next_reads(1))
+        return bool(self.executor.plan_reads(1))
 
     def remaining_estimate(self) -> int:
         """Messages its backfilling splits have left up to their targets (from the
@@ -270,7 +271,7 @@ class SourceRunner:
     def read_some(self, conn: Any, max_rows: int) -> int:
         """Backfill reads of the open epoch, written at once; rows read (-1: none to do)."""
         ex = self.executor
-        reads = ex.next_reads(max_rows)
+        reads = ex.plan_reads(max_rows)
         if not reads:
             return -1
         plan = {
@@ -283,7 +284,7 @@ class SourceRunner:
         for r in reads:
             scan = got[int(r.split)]
             msgs = scan.messages
-            visible = ex.on_backfill_rows(r, [m.offset for m in msgs], end=scan.end)
+            visible = ex.account(r, SplitOffsets([m.offset for m in msgs], end=scan.end))
             rows += self.rows_of(msgs[:visible])
             total += len(msgs)
         with conn.cursor() as cur:

@@ -3,16 +3,16 @@ vnode the worker's actors still read and writes the MV rows, parallel over vnode
 
 The executors decide the reads and account for them from the per-vnode summaries the
 job sends back, exactly as if the rows had passed through the driver: when the view
-has a SQL form, groups of vnodes each read under one limit (``next_batch_reads`` /
-``on_batch_summary``), run inside Postgres; otherwise one read per vnode sharing the
-row budget (``next_spread_read`` / ``on_read_summary``), the filter and projection run
+has a SQL form, groups of vnodes each read under one limit (``plan_reads`` in
+``GROUPS``, each ``account``-ed from a ``VnodeSummary``), run inside Postgres; otherwise
+one read per vnode sharing the row budget (``plan_reads`` in ``EACH``), the filter and projection run
 inside the Spark tasks with the same ``View`` as the driver path and the reference
 model.
 
 Source backfill (``_run_source_job``) works the same way over Kafka: the executor's
-``next_reads`` become offset ranges (one per split, up to its target), Spark tasks read
+``plan_reads`` become offset ranges (one per split, up to its target), Spark tasks read
 them with confluent-kafka and write the visible rows (``kafka_datasource``), and each
-range's summary goes to ``on_backfill_summary``.
+range's summary (``SplitSummary``) goes to ``account``.
 
 Small epochs stay on the driver (``runtime``): a Spark job costs a few hundred ms of
 scheduling, more than reading a few thousand rows directly.
@@ -31,7 +31,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from backfill_core.executors.messages import SnapshotBatchRead, SnapshotRead
+from backfill_core.executors.interface import ReadGrouping, VnodeSummary
+from backfill_core.executors.messages import SnapshotBatchRead
+from backfill_core.executors.source import OffsetRead, SplitSummary
 from backfill_core.protocol import (
     GroupStart,
     KafkaPlan,
@@ -46,7 +48,6 @@ from connectors.kafka import Skipped
 from state_store.options import worker_dsn
 
 if TYPE_CHECKING:
-    from backfill_core.executors.source import OffsetRead
     from spark_workers.actors import ActorRunner
     from spark_workers.source_actor import SourceRunner
 
@@ -152,7 +153,7 @@ class SparkPath:
         reads: list[tuple[SourceRunner, OffsetRead, int]] = []
         for r in runners:
             reads += [
-                (r, x, high) for x, high in r.with_high_watermarks(r.executor.next_reads(share))
+                (r, x, high) for x, high in r.with_high_watermarks(r.executor.plan_reads(share))
             ]
         if not reads:
             return 0
@@ -175,13 +176,15 @@ class SparkPath:
         total = 0
         for i, (r, read, _) in enumerate(reads):
             s = got[i]
-            r.executor.on_backfill_summary(
+            r.executor.account(
                 read,
-                s["rows_read"],
-                s["last_offset"],
-                s["visible"],
-                last_visible=s["last_visible"],
-                end=s["end_offset"],
+                SplitSummary(
+                    s["rows_read"],
+                    s["last_offset"],
+                    s["visible"],
+                    last_visible=s["last_visible"],
+                    end=s["end_offset"],
+                ),
             )
             if s["skipped"]:
                 r.account_skipped(
@@ -228,8 +231,10 @@ class SparkPath:
         read_epoch, _ = job_epochs(runners)  # one plan, one pair of epochs for all
         if self.pushdown and has_sql_form(first.job_filter, first.upstream.schema):
             return self._run_batches(runners, share, read_epoch)
-        reads: list[tuple[ActorRunner, SnapshotRead]] = [
-            (r, read) for r in runners for read in r.executor.next_spread_read(share)
+        reads: list[tuple[ActorRunner, SnapshotBatchRead]] = [
+            (r, read)
+            for r in runners
+            for read in r.executor.plan_reads(share, grouping=ReadGrouping.EACH)
         ]
         if not reads:
             return 0
@@ -237,8 +242,9 @@ class SparkPath:
         # contiguous groups of vnodes, as even as the rows allow
         parts: list[list[VnodeRead]] = [[] for _ in range(n_parts)]
         for i, (r, read) in enumerate(reads):
+            [(vnode, after)] = read.starts  # one vnode each
             parts[i * n_parts // len(reads)].append(
-                VnodeRead(read.vnode, key_to_json(r, read.after), read.limit)
+                VnodeRead(vnode, key_to_json(r, after), read.limit)
             )
         plan = TablePlan(
             self.mv_write(first), first.upstream.name, first.upstream.schema, read_epoch, parts
@@ -247,15 +253,16 @@ class SparkPath:
         self.jobs += 1
         total = 0
         for r, read in reads:
-            count, last = got.get(read.vnode, (0, None))
-            r.executor.on_read_summary(read, int(count), key_from_json(r, last))
+            [(vnode, _)] = read.starts
+            count, last = got.get(vnode, (0, None))
+            r.executor.account(read, VnodeSummary({vnode: (int(count), key_from_json(r, last))}))
             total += int(count)
         return total
 
     def _run_batches(self, runners: list[ActorRunner], share: int, read_epoch: int) -> int:
         """The reads run inside Postgres (the view has a SQL form): each actor's vnodes in
         groups, each group read under its share of the rows, whole vnodes one after the
-        other as Postgres runs it (``next_batch_reads``), one statement per group, which
+        other as Postgres runs it (``plan_reads``), one statement per group, which
         one Spark task per core take one at a time from the job's work queue
         (``pushdown_tasks``).
 
@@ -270,7 +277,7 @@ class SparkPath:
         spark, cores = self.active_session()
         per_actor = groups_per_actor(len(runners), cores)
         batches: list[tuple[ActorRunner, SnapshotBatchRead]] = [
-            (r, b) for r in runners for b in r.executor.next_batch_reads(share, per_actor)
+            (r, b) for r in runners for b in r.executor.plan_reads(share, per_actor)
         ]
         if not batches:
             return 0
@@ -290,8 +297,11 @@ class SparkPath:
             raise RuntimeError(f"the Spark job ran groups {sorted(got)} of {len(batches)}")
         total = 0
         for i, (r, b) in enumerate(batches):
-            summary = {v: (n, key_from_json(r, last)) for v, (n, last) in got[i].items()}
-            total += r.executor.on_batch_summary(b, summary)
+            summary = VnodeSummary(
+                {v: (n, key_from_json(r, last)) for v, (n, last) in got[i].items()}
+            )
+            r.executor.account(b, summary)
+            total += summary.rows
         return total
 
     def pushdown_plan(

@@ -5,8 +5,8 @@ When an MV and its upstream live in one database and the view has a SQL form
 reads them (the same per-vnode branches as ``VersionedTable.snapshot_reads_query``),
 writes the view of those rows into the MV at the write epoch, and answers what the
 executor accounts for, per vnode: how many rows were read and the last key read
-(``on_read_summary``, as for rows a Spark task moved). It is an ``INSERT ... SELECT``
-of the server's own, which is why an MV can be created about as fast as one.
+(``account`` with a ``VnodeSummary``, as for rows a Spark task moved). It is an
+``INSERT ... SELECT`` of the server's own, which is why an MV can be created about as fast as one.
 """
 
 from __future__ import annotations

@@ -22,22 +22,14 @@ from typing import Any
 
 from backfill_core.changes import Row, RowChange
 from backfill_core.executors.flow import (
-    account_batch,
+    VnodeReads,
     apply_flow_mutation,
     check_closes_open_epoch,
     check_summary,
     check_vnode_read_planned_now,
-    split_batches,
-    spread_reads,
     vnode_progress_rows,
 )
-from backfill_core.executors.messages import (
-    Barrier,
-    BarrierOutput,
-    ChangeRange,
-    SnapshotBatchRead,
-    SnapshotRead,
-)
+from backfill_core.executors.messages import Barrier, BarrierOutput, ChangeRange, SnapshotRead
 
 
 class VnodeState(StrEnum):
@@ -77,7 +69,7 @@ def epoch_budget(
     return min(fresh + max(0, left or 0), max(fresh, rate_limit))
 
 
-class ArrangementBackfill:
+class ArrangementBackfill(VnodeReads):
     def __init__(
         self,
         actor_id: int,
@@ -111,6 +103,10 @@ class ArrangementBackfill:
     def total_rows(self) -> int:
         return sum(p.row_count for p in self.progress.values())
 
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.FORWARDING
+
     # barriers -------------------------------------------------------------
 
     def changes_needed(self, barrier: Barrier) -> ChangeRange | None:
@@ -127,8 +123,15 @@ class ArrangementBackfill:
             return None
         return ChangeRange(self.closed_epoch, barrier.epoch.prev, vnodes)
 
-    def on_barrier(self, barrier: Barrier, changes: Sequence[RowChange] = ()) -> BarrierOutput:
-        """Complete the closing epoch, then open the next one."""
+    def on_barrier(
+        self,
+        barrier: Barrier,
+        changes: Sequence[RowChange] = (),
+        *,
+        upstream_latest_epoch: int | None = None,
+    ) -> BarrierOutput:
+        """Complete the closing epoch, then open the next one (the upstream's latest
+        epoch paces nothing here)."""
         check_closes_open_epoch(self.started, self.open_epoch, barrier)
         emit: list[RowChange] = []
         if self.started:
@@ -191,28 +194,15 @@ class ArrangementBackfill:
 
     # snapshot side --------------------------------------------------------
 
-    def next_read(self, max_rows: int) -> SnapshotRead | None:
-        """The next snapshot read of the open epoch, or None when there is nothing to do."""
-        if self.phase is Phase.FORWARDING or not self.started:
-            return None
-        if self.budget is not None and self.budget <= 0:
-            return None
-        for v in self.vnodes:
-            if v not in self.exhausted:
-                limit = max_rows if self.budget is None else min(max_rows, self.budget)
-                return SnapshotRead(v, self.snapshot_epoch, self.progress[v].current_pos, limit)
-        return None
+    def _reading(self) -> bool:
+        return self.phase is not Phase.FORWARDING
 
-    def on_snapshot_rows(self, read: SnapshotRead, rows: Sequence[Row]) -> list[Row]:
-        """Account for rows read by ``read`` (pk order); returns the rows to write now."""
-        self.on_read_summary(read, len(rows), self.pk_of(rows[-1]) if rows else None)
-        return list(rows)
+    def _pending_vnodes(self) -> list[int]:
+        return [v for v in self.vnodes if v not in self.exhausted]
 
-    def on_read_summary(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
-        """Account for a read whose rows were handled elsewhere (a Spark task wrote them).
-
-        ``count`` rows were read after ``read.after``, the last of them at ``last_pos``.
-        """
+    def _account_vnode(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
+        """Account for one vnode's read: ``count`` rows after ``read.after``, the last of
+        them at ``last_pos``."""
         check_summary(read, count, last_pos)
         if read.vnode not in self.progress or read.vnode in self.exhausted:
             raise ValueError(f"vnode {read.vnode} has nothing to read in this epoch")
@@ -227,60 +217,6 @@ class ArrangementBackfill:
                 self.budget -= count
         if count < read.limit:
             self.exhausted.add(read.vnode)
-
-    def next_spread_read(self, max_rows: int) -> list[SnapshotRead]:
-        """One read per vnode still to read this epoch, sharing ``max_rows`` (and the budget).
-
-        The seed merges one stream per vnode, so reads of different vnodes are
-        independent and may run in parallel (the Spark path runs them as one job);
-        each is accounted with ``on_read_summary``. Empty when there is nothing to do.
-        """
-        first = self.next_read(max_rows)
-        if first is None:
-            return []
-        pending = [v for v in self.vnodes if v not in self.exhausted]
-        return spread_reads(
-            pending, first.limit, self.snapshot_epoch, lambda v: self.progress[v].current_pos
-        )
-
-    def next_batch_reads(self, max_rows: int, parts: int) -> list[SnapshotBatchRead]:
-        """The vnodes still to read this epoch in up to ``parts`` groups, each read under
-        one limit, its share of ``max_rows`` (and the budget); the groups are independent
-        and may run in parallel. Each is accounted with ``on_batch_summary``.
-        """
-        first = self.next_read(max_rows)
-        if first is None:
-            return []
-        pending = [v for v in self.vnodes if v not in self.exhausted]
-        return split_batches(
-            pending, first.limit, parts, self.snapshot_epoch, lambda v: self.progress[v].current_pos
-        )
-
-    def on_batch_summary(
-        self, read: SnapshotBatchRead, summary: Mapping[int, tuple[int, Row | None]]
-    ) -> int:
-        """Account for a batch read whose rows were handled elsewhere (a Spark task wrote
-        them) from its per-vnode ``(rows read, last key)``; returns the rows read."""
-        return account_batch(read, summary, self.on_read_summary)
-
-    def next_batch_read(self, max_rows: int) -> SnapshotBatchRead | None:
-        """All vnodes still to read this epoch under one row limit."""
-        first = self.next_read(max_rows)
-        if first is None:
-            return None
-        starts = tuple(
-            (v, self.progress[v].current_pos) for v in self.vnodes if v not in self.exhausted
-        )
-        return SnapshotBatchRead(self.snapshot_epoch, starts, first.limit)
-
-    def on_batch_rows(self, read: SnapshotBatchRead, rows: Sequence[tuple[int, Row]]) -> list[Row]:
-        """Account for a batch read from its rows: each vnode's in key order, the vnodes'
-        in any order or interleaved (``account_batch``)."""
-        groups: dict[int, list[Row]] = {}
-        for v, row in rows:
-            groups.setdefault(v, []).append(row)
-        self.on_batch_summary(read, {v: (len(g), self.pk_of(g[-1])) for v, g in groups.items()})
-        return [row for v, _ in read.starts for row in groups.get(v, [])]
 
     # progress -------------------------------------------------------------
 

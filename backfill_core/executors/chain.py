@@ -34,7 +34,7 @@ from typing import Any
 from backfill_core.changes import Row, RowChange
 from backfill_core.executors.arrangement import VnodeProgress, VnodeState, epoch_budget
 from backfill_core.executors.flow import (
-    FixedSnapshotReads,
+    VnodeReads,
     apply_flow_mutation,
     check_closes_open_epoch,
     check_summary,
@@ -62,7 +62,7 @@ class _Replay:
     caught_up: bool
 
 
-class ChainBackfill(FixedSnapshotReads):
+class ChainBackfill(VnodeReads):
     def __init__(
         self,
         actor_id: int,
@@ -100,6 +100,10 @@ class ChainBackfill(FixedSnapshotReads):
         return sum(p.row_count for p in self.progress.values())
 
     @property
+    def finished(self) -> bool:
+        return self.phase is Phase.FORWARDING
+
+    @property
     def snapshot_ended(self) -> bool:
         return all(p.state is VnodeState.COMPLETED for p in self.progress.values())
 
@@ -116,8 +120,15 @@ class ChainBackfill(FixedSnapshotReads):
             return None
         return ChangeRange(replay.after, replay.upto, self.vnodes)
 
-    def on_barrier(self, barrier: Barrier, changes: Sequence[RowChange] = ()) -> BarrierOutput:
-        """Pass the barrier on at once, emitting what the closing epoch completes."""
+    def on_barrier(
+        self,
+        barrier: Barrier,
+        changes: Sequence[RowChange] = (),
+        *,
+        upstream_latest_epoch: int | None = None,
+    ) -> BarrierOutput:
+        """Pass the barrier on at once, emitting what the closing epoch completes (the
+        upstream's latest epoch paces nothing here)."""
         check_closes_open_epoch(self.started, self.open_epoch, barrier)
         if changes and self.changes_needed(barrier) is None:
             raise ValueError("changes given at a barrier that needs none")
@@ -172,8 +183,8 @@ class ChainBackfill(FixedSnapshotReads):
 
     # snapshot side --------------------------------------------------------
 
-    def on_read_summary(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
-        """Account for a read whose rows were handled elsewhere (a Spark task wrote them).
+    def _account_vnode(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
+        """Account for one vnode's read.
 
         ``count`` rows were read after ``read.after``, the last of them at ``last_pos``.
         A read returning fewer rows than asked for ended its vnode for good.

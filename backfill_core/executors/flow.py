@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from backfill_core.changes import Row
+from backfill_core.executors.interface import ReadGrouping, VnodeRows, VnodeSummary
 from backfill_core.executors.messages import (
     Barrier,
     Mutation,
@@ -83,7 +84,7 @@ def split_batches(
 def account_batch(
     read: SnapshotBatchRead,
     summary: Mapping[int, tuple[int, Row | None]],
-    on_read_summary: Callable[[SnapshotRead, int, Row | None], None],
+    account_vnode: Callable[[SnapshotRead, int, Row | None], None],
 ) -> int:
     """Account for a batch read from its per-vnode summary ``(rows read, last key)``, as
     for one read per vnode, whatever order its branches ran in: Postgres promises none
@@ -102,7 +103,7 @@ def account_batch(
         count, last = summary.get(v, (0, None))
         # ends show only where the shared limit stopped no branch (each has the limit)
         limit = count if limit_hit else read.limit
-        on_read_summary(SnapshotRead(v, read.epoch, after, limit), count, last)
+        account_vnode(SnapshotRead(v, read.epoch, after, limit), count, last)
     return total
 
 
@@ -167,13 +168,14 @@ def vnode_progress_rows(progress: Mapping[int, _Progress]) -> list[dict[str, Any
     ]
 
 
-class FixedSnapshotReads:
-    """Reads of one fixed snapshot (``snapshot_epoch``) per vnode after ``current_pos``,
-    within the epoch's row budget: the chain and the snapshot backfill read alike.
+class VnodeReads:
+    """Snapshot reads per vnode after its ``current_pos``, within the epoch's row budget,
+    planned and accounted through the executor interface (``interface.BackfillExecutor``):
+    every table kind reads alike.
 
     The executor provides ``_reading`` (whether its phase reads the snapshot now),
-    ``_pending_vnodes`` (vnodes not yet read to their end, in order) and
-    ``on_read_summary``.
+    ``_pending_vnodes`` (vnodes with rows left to read in the open epoch, in order) and
+    ``_account_vnode`` (one vnode's read, from its count and last key).
     """
 
     snapshot_epoch: int
@@ -188,62 +190,57 @@ class FixedSnapshotReads:
     def _pending_vnodes(self) -> list[int]:
         raise NotImplementedError
 
-    def on_read_summary(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
+    def _account_vnode(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
         raise NotImplementedError
 
-    def next_read(self, max_rows: int) -> SnapshotRead | None:
-        """The next snapshot read of the open epoch, or None when there is nothing to do."""
+    def _read_limit(self, max_rows: int) -> int:
+        """Rows the reads planned now may read in all (0: none)."""
         if not self._reading() or not self.started:
-            return None
+            return 0
         if self.budget is not None and self.budget <= 0:
-            return None
-        pending = self._pending_vnodes()
+            return 0
+        return max_rows if self.budget is None else min(max_rows, self.budget)
+
+    def plan_reads(
+        self, max_rows: int, parts: int = 1, *, grouping: ReadGrouping = ReadGrouping.GROUPS
+    ) -> list[SnapshotBatchRead]:
+        """The snapshot reads of the open epoch to run now, sharing ``max_rows`` (and the
+        budget), as ``grouping`` lays them out (``parts``: groups at most, for
+        ``GROUPS``); empty when there is nothing to do. The reads are independent and
+        may run in parallel (the seed merges one stream per vnode)."""
+        limit = self._read_limit(max_rows)
+        pending = self._pending_vnodes() if limit > 0 else []
         if not pending:
-            return None
-        v = pending[0]
-        limit = max_rows if self.budget is None else min(max_rows, self.budget)
-        return SnapshotRead(v, self.snapshot_epoch, self.progress[v].current_pos, limit)
-
-    def on_snapshot_rows(self, read: SnapshotRead, rows: Sequence[Row]) -> list[Row]:
-        """Account for rows read by ``read`` (pk order); returns the rows to write now."""
-        self.on_read_summary(read, len(rows), self.pk_of(rows[-1]) if rows else None)
-        return list(rows)
-
-    def next_spread_read(self, max_rows: int) -> list[SnapshotRead]:
-        """One read per vnode still to read, sharing ``max_rows`` (and the budget).
-
-        The reads of different vnodes are independent and may run in parallel (the
-        Spark path runs them as one job); each is accounted with ``on_read_summary``.
-        Empty when there is nothing to do.
-        """
-        first = self.next_read(max_rows)
-        if first is None:
             return []
-        return spread_reads(
-            self._pending_vnodes(),
-            first.limit,
-            self.snapshot_epoch,
-            lambda v: self.progress[v].current_pos,
-        )
 
-    def next_batch_reads(self, max_rows: int, parts: int) -> list[SnapshotBatchRead]:
-        """The vnodes still to read in up to ``parts`` groups, each read under one limit,
-        its share of ``max_rows`` (and the budget); the groups are independent and
-        may run in parallel. Each is accounted with ``on_batch_summary``."""
-        first = self.next_read(max_rows)
-        if first is None:
+        def position(v: int) -> Row | None:
+            return self.progress[v].current_pos
+
+        if grouping is ReadGrouping.FIRST:
+            v = pending[0]
+            return [SnapshotBatchRead(self.snapshot_epoch, ((v, position(v)),), limit)]
+        if grouping is ReadGrouping.EACH:
+            return [
+                SnapshotBatchRead(r.epoch, ((r.vnode, r.after),), r.limit)
+                for r in spread_reads(pending, limit, self.snapshot_epoch, position)
+            ]
+        return split_batches(pending, limit, parts, self.snapshot_epoch, position)
+
+    def account(self, read: SnapshotBatchRead, result: VnodeSummary | VnodeRows) -> list[Row]:
+        """Account for ``read`` from its per-vnode summary (its rows were written
+        elsewhere: nothing to forward) or from its rows (returns them, to write at the
+        open epoch, each vnode's together in the read's order)."""
+        if isinstance(result, VnodeSummary):
+            account_batch(read, result.per_vnode, self._account_vnode)
             return []
-        return split_batches(
-            self._pending_vnodes(),
-            first.limit,
-            parts,
-            self.snapshot_epoch,
-            lambda v: self.progress[v].current_pos,
+        groups: dict[int, list[Row]] = {}
+        for v, row in result.rows:
+            groups.setdefault(v, []).append(row)
+        account_batch(
+            read, {v: (len(g), self.pk_of(g[-1])) for v, g in groups.items()}, self._account_vnode
         )
+        return [row for v, _ in read.starts for row in groups.get(v, [])]
 
-    def on_batch_summary(
-        self, read: SnapshotBatchRead, summary: Mapping[int, tuple[int, Row | None]]
-    ) -> int:
-        """Account for a batch read whose rows were handled elsewhere (a Spark task wrote
-        them) from its per-vnode ``(rows read, last key)``; returns the rows read."""
-        return account_batch(read, summary, self.on_read_summary)
+    def report(self) -> dict[str, Any]:
+        """What a collect reports besides ``progress_rows`` (nothing, unless a kind has more)."""
+        return {}

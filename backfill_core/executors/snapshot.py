@@ -5,7 +5,7 @@ is fixed by the meta before the job starts (the ``prev`` of the upstream checkpo
 created it). The barriers the executor sees, in order:
 
 1. Phase 1 (``snapshot``): *fake* barriers whose epochs are tiny (``k << 16``). Between
-   them the runtime asks ``next_read`` / ``next_spread_read`` and feeds rows read at
+   them the runtime asks ``plan_reads`` and accounts for the rows read at
    ``snapshot_epoch``; they are written at the open (fake) epoch. Each vnode is
    ``Consuming{last pk read}`` (the next read starts after it) until a read comes back
    short, then ``Consumed``. When every vnode is ``Consumed`` the barrier reports
@@ -59,7 +59,7 @@ from backfill_core.changes import Row, RowChange
 from backfill_core.epoch import lag_ms
 from backfill_core.executors.arrangement import epoch_budget
 from backfill_core.executors.flow import (
-    FixedSnapshotReads,
+    VnodeReads,
     apply_flow_mutation,
     check_closes_open_epoch,
     check_summary,
@@ -130,7 +130,7 @@ def log_store_lets_upstream_advance(
     return upstream_may_advance(lag_ms(upstream_latest_epoch, next_replayed_epoch), cap_ms)
 
 
-class SnapshotBackfill(FixedSnapshotReads):
+class SnapshotBackfill(VnodeReads):
     def __init__(
         self,
         actor_id: int,
@@ -142,7 +142,11 @@ class SnapshotBackfill(FixedSnapshotReads):
         paused: bool = False,
         restore: Mapping[int, VnodeBackfillProgress] | None = None,
         created: bool = False,
+        progress_at_first_barrier: bool = False,
     ) -> None:
+        """``progress_at_first_barrier``: ``restore`` holds progress committed at the epoch
+        the first barrier closes, whatever epoch it names (the worker stores none):
+        resuming after the snapshot, every vnode is consumed at that epoch."""
         if snapshot_epoch <= 0:
             raise ValueError(f"snapshot_epoch must be positive, got {snapshot_epoch}")
         self.actor_id = actor_id
@@ -156,6 +160,7 @@ class SnapshotBackfill(FixedSnapshotReads):
             v: restore.get(v, VnodeBackfillProgress(snapshot_epoch)) for v in self.vnodes
         }
         self.created = created
+        self.progress_at_first_barrier = progress_at_first_barrier
         self.phase = Phase.DONE if created else Phase.SNAPSHOT
         self.started = False
         self.closed_epoch = 0  # the last epoch a barrier closed
@@ -206,6 +211,14 @@ class SnapshotBackfill(FixedSnapshotReads):
         if changes and self.changes_needed(barrier) is None:
             raise ValueError("changes given at a barrier that needs none")
         if (
+            self.progress_at_first_barrier
+            and not self.started
+            and barrier.epoch.prev >= self.snapshot_epoch
+        ):
+            self.progress = {
+                v: replace(p, epoch=barrier.epoch.prev) for v, p in self.progress.items()
+            }
+        if (
             upstream_latest_epoch is not None
             and self.upstream_latest_epoch is not None
             and upstream_latest_epoch < self.upstream_latest_epoch
@@ -241,7 +254,7 @@ class SnapshotBackfill(FixedSnapshotReads):
         out = BarrierOutput(
             write_epoch=barrier.epoch.prev,
             emit=emit,
-            progress=self.report(),
+            progress={"vnodes": self.progress_rows(), **self.report()},
             rows=rows,
             finished=self.finished,
         )
@@ -373,8 +386,8 @@ class SnapshotBackfill(FixedSnapshotReads):
 
     # snapshot side --------------------------------------------------------
 
-    def on_read_summary(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
-        """Account for a read whose rows were handled elsewhere (a Spark task wrote them).
+    def _account_vnode(self, read: SnapshotRead, count: int, last_pos: Row | None) -> None:
+        """Account for one vnode's read.
 
         A read returning fewer rows than asked for consumed its vnode.
         """
@@ -411,7 +424,6 @@ class SnapshotBackfill(FixedSnapshotReads):
         """What a collect reports besides the vnodes' rows (the meta derives percentages
         from its row estimate, and the pending epoch count from its epoch list)."""
         return {
-            "vnodes": self.progress_rows(),
             "phase": self.phase.value,
             "snapshot_epoch": self.snapshot_epoch,
             "finished_snapshot": self.finished_snapshot,

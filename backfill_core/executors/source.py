@@ -45,6 +45,7 @@ from typing import Any
 
 from backfill_core.executors.arrangement import Phase, epoch_budget
 from backfill_core.executors.flow import apply_flow_mutation, check_planned_now
+from backfill_core.executors.interface import ReadGrouping
 from backfill_core.executors.messages import Barrier, ReadProvenanceError
 
 __all__ = [
@@ -52,6 +53,8 @@ __all__ = [
     "Phase",
     "SourceBackfill",
     "SourceBarrierOutput",
+    "SplitOffsets",
+    "SplitSummary",
     "SplitProgress",
     "SplitState",
     "on_backfill_end",
@@ -121,6 +124,31 @@ class OffsetRead:
     start: int | None
     target: int | None  # the split's target when planned (Spark stops after the first row >= it)
     limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class SplitOffsets:
+    """A read's rows, by their offsets (ascending from the read's start); ``end``: the
+    reader saw every message of the split below it (``on_backfill_end``)."""
+
+    offsets: Sequence[int]
+    end: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SplitSummary:
+    """A read whose rows were handled elsewhere (a Spark task wrote the ``visible``
+    leading ones of the ``count`` it read, the last at ``last_offset``).
+
+    ``last_visible`` (the last visible offset) is needed only when rows after it were
+    read too; the Spark path stops at the first row at or beyond the target. ``end``
+    as in ``SplitOffsets``."""
+
+    count: int
+    last_offset: int | None
+    visible: int
+    last_visible: int | None = None
+    end: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +289,13 @@ class SourceBackfill:
     def total_rows(self) -> int:
         return sum(p.num_consumed_rows for p in self.progress.values())
 
+    @property
+    def finished(self) -> bool:
+        """What the next barrier reports: no split needs more backfill rows."""
+        return self.phase is Phase.FORWARDING or (
+            self.started and should_report_finished(self.progress)
+        )
+
     def unfinished_splits(self) -> list[tuple[str, int | None]]:
         """``(split, last offset backfilled)`` of the splits still backfilling (reads resume
         after the offset): the ones whose backfill info ``on_backfill_info`` wants."""
@@ -367,11 +402,14 @@ class SourceBackfill:
 
     # backfill side ----------------------------------------------------------
 
-    def next_reads(self, max_rows: int) -> list[OffsetRead]:
+    def plan_reads(
+        self, max_rows: int, parts: int = 1, *, grouping: ReadGrouping = ReadGrouping.GROUPS
+    ) -> list[OffsetRead]:
         """One read per split still backfilling and not read to its end in this epoch,
-        sharing ``max_rows`` (and the budget) as evenly as whole rows allow. The reads
-        are independent (each ``on_backfill_rows`` / ``on_backfill_summary``); empty
-        when there is nothing to do."""
+        sharing ``max_rows`` (and the budget) as evenly as whole rows allow (``FIRST``:
+        the first such split, with all of it). Kafka ranges share no limit: reads are
+        never grouped (``parts`` does not apply). The reads are independent (each
+        accounted with ``account``); empty when there is nothing to do."""
         if self.phase is Phase.FORWARDING or not self.started or self.paused:
             return []
         total = max_rows if self.budget is None else min(max_rows, self.budget)
@@ -380,6 +418,8 @@ class SourceBackfill:
             for s, p in self.progress.items()
             if p.state is SplitState.BACKFILLING and s not in self.exhausted
         ]
+        if grouping is ReadGrouping.FIRST:
+            pending = pending[:1]
         if total <= 0 or not pending:
             return []
         share, extra = divmod(total, len(pending))
@@ -393,7 +433,23 @@ class SourceBackfill:
             reads.append(OffsetRead(s, self.open_epoch, start, p.target_offset, limit))
         return reads
 
-    def on_backfill_rows(
+    def account(self, read: OffsetRead, result: SplitSummary | SplitOffsets) -> int:
+        """Account for ``read`` from its offsets (returns how many leading ones are
+        visible, to write at ``open_epoch``) or from its summary (its visible rows were
+        written elsewhere: returns 0)."""
+        if isinstance(result, SplitOffsets):
+            return self._on_backfill_rows(read, result.offsets, end=result.end)
+        self._on_backfill_summary(
+            read,
+            result.count,
+            result.last_offset,
+            result.visible,
+            last_visible=result.last_visible,
+            end=result.end,
+        )
+        return 0
+
+    def _on_backfill_rows(
         self, read: OffsetRead, offsets: Sequence[int], *, end: int | None = None
     ) -> int:
         """Account for the offsets ``read`` returned (ascending); returns how many leading
@@ -412,7 +468,7 @@ class SourceBackfill:
         self._account(read, on_backfill_end(p, end), len(offsets))
         return visible
 
-    def on_backfill_summary(
+    def _on_backfill_summary(
         self,
         read: OffsetRead,
         count: int,
@@ -427,7 +483,7 @@ class SourceBackfill:
 
         ``last_visible`` (the last visible offset) is needed only when rows after it
         were read too; the Spark path stops at the first row at or beyond the target.
-        ``end`` as in ``on_backfill_rows``.
+        ``end`` as in ``_on_backfill_rows``.
         """
         self._check_read(read, count, last_offset, end)
         p = self.progress[read.split]

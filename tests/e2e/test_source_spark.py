@@ -22,6 +22,7 @@ from spark_workers.settings import WorkerSettings
 from spark_workers.spark_path import SparkPath
 from tests.e2e.test_source_e2e import TOPIC, caught_up, create_job, create_source, doc
 from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
+from tests.kit.executors import account_offsets, account_split_summary
 from tests.kit.kafka import MOCK_PARTITIONS, MockKafka, Producer
 
 INITIAL = 60_000
@@ -44,7 +45,7 @@ def _backfilling(offset: int | None, target: int | None) -> SourceBackfill:
 def test_a_task_summary_accounts_like_the_driver(
     gaps: list[int], tail: int, last: int, ahead: int | None, limit: int, cut: bool
 ) -> None:
-    """What a task reads and reports gives the executor the state ``on_backfill_rows``
+    """What a task reads and reports gives the executor the state ``SplitOffsets``
     gives it for the same rows: reading stops at the target (``cut``), and were a range
     ever read further, the rows after the target would be hidden (``last_visible``)."""
     offset = None if last < 0 else last  # the split's last offset backfilled
@@ -59,12 +60,12 @@ def test_a_task_summary_accounts_like_the_driver(
     offsets = [x for x in topic if x < stop][:limit]
     end = offsets[-1] + 1 if len(offsets) == limit else stop  # as the reader got
     driver, spark = _backfilling(offset, target), _backfilling(offset, target)
-    (read,) = driver.next_reads(limit)
-    assert spark.next_reads(limit) == [read]
-    visible = driver.on_backfill_rows(read, offsets, end=end)
+    (read,) = driver.plan_reads(limit)
+    assert spark.plan_reads(limit) == [read]
+    visible = account_offsets(driver, read, offsets, end=end)
     s = range_summary(offsets, target)
-    spark.on_backfill_summary(
-        read, s.count, s.last_offset, s.visible, last_visible=s.last_visible, end=end
+    account_split_summary(
+        spark, read, s.count, s.last_offset, s.visible, last_visible=s.last_visible, end=end
     )
     assert s.visible == visible
     assert spark.progress == driver.progress and spark.exhausted == driver.exhausted

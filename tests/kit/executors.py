@@ -10,8 +10,15 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from backfill_core.changes import Version
+from backfill_core.changes import Row, Version
+from backfill_core.executors.interface import (
+    BackfillExecutor,
+    ReadGrouping,
+    VnodeRows,
+    VnodeSummary,
+)
 from backfill_core.executors.messages import SnapshotBatchRead, SnapshotRead
+from backfill_core.executors.source import OffsetRead, SourceBackfill, SplitOffsets, SplitSummary
 from tests.kit.store_model import StoreModel
 
 VNODES = 4
@@ -62,6 +69,74 @@ mutations = st.one_of(
     st.builds(lambda a: {"resume": a}, named_actors),
     st.builds(lambda r: {"throttle": {str(ACTOR): r}}, st.one_of(st.none(), st.integers(0, 60))),
 )
+
+
+# reads through the executor interface, seen as the one vnode each reads ------------------
+
+
+def one_vnode(read: SnapshotBatchRead) -> SnapshotRead:
+    """A read of one vnode (``FIRST`` / ``EACH`` plans) as that vnode's read."""
+    [(vnode, after)] = read.starts
+    return SnapshotRead(vnode, read.epoch, after, read.limit)
+
+
+def of_one_vnode(read: SnapshotRead) -> SnapshotBatchRead:
+    """The interface's read of ``read``'s vnode alone (a group of one)."""
+    return SnapshotBatchRead(read.epoch, ((read.vnode, read.after),), read.limit)
+
+
+def first_read(ex: BackfillExecutor, max_rows: int) -> SnapshotRead | None:
+    """The read of the first vnode still to read, with the whole budget (None: none)."""
+    reads = ex.plan_reads(max_rows, grouping=ReadGrouping.FIRST)
+    return one_vnode(reads[0]) if reads else None
+
+
+def each_read(ex: BackfillExecutor, max_rows: int) -> list[SnapshotRead]:
+    """One read per vnode still to read, sharing ``max_rows``."""
+    return [one_vnode(r) for r in ex.plan_reads(max_rows, grouping=ReadGrouping.EACH)]
+
+
+def account_rows(ex: BackfillExecutor, read: SnapshotRead, rows: list[Any]) -> list[Row]:
+    """Account for one vnode's read from its rows; returns the rows to write."""
+    return ex.account(of_one_vnode(read), VnodeRows([(read.vnode, r) for r in rows]))
+
+
+def account_summary(
+    ex: BackfillExecutor, read: SnapshotRead, count: int, last_pos: Row | None
+) -> None:
+    """Account for one vnode's read from its summary (rows written elsewhere)."""
+    assert ex.account(of_one_vnode(read), VnodeSummary({read.vnode: (count, last_pos)})) == []
+
+
+def account_groups(
+    ex: BackfillExecutor, read: SnapshotBatchRead, summary: dict[int, tuple[int, Any]]
+) -> int:
+    """Account for a group read from its per-vnode summary; returns the rows read."""
+    result = VnodeSummary(summary)
+    assert ex.account(read, result) == []
+    return result.rows
+
+
+def account_offsets(
+    ex: SourceBackfill, read: OffsetRead, offsets: list[int], *, end: int | None = None
+) -> int:
+    """Account for a split read from its offsets; returns how many leading ones show."""
+    return ex.account(read, SplitOffsets(offsets, end=end))
+
+
+def account_split_summary(
+    ex: SourceBackfill,
+    read: OffsetRead,
+    count: int,
+    last_offset: int | None,
+    visible: int,
+    *,
+    last_visible: int | None = None,
+    end: int | None = None,
+) -> None:
+    """Account for a split read from its summary (the visible rows written elsewhere)."""
+    summary = SplitSummary(count, last_offset, visible, last_visible=last_visible, end=end)
+    assert ex.account(read, summary) == 0
 
 
 @dataclass(frozen=True)
@@ -120,11 +195,11 @@ def read_batches(
     left, chunk, mode = sizes
     impl_rows: list[Any] = []
     model_rows: list[Any] = []
-    while left > 0 and (batches := impl.next_batch_reads(min(chunk * 3, left), mode.parts)):
+    while left > 0 and (batches := impl.plan_reads(min(chunk * 3, left), mode.parts)):
         for batch in batches:
             served = serve_batch(batch, rows_of, mode.picks)
             summary = {v: (sum(1 for u, _ in served if u == v), key_of(r)) for v, r in served}
-            assert impl.on_batch_summary(batch, summary) == len(served)
+            assert account_groups(impl, batch, summary) == len(served)
             impl_rows += [r for _, r in served]
             left -= len(served)
             for v, _ in served:

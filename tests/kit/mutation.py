@@ -191,33 +191,28 @@ EQUIVALENT: tuple[tuple[str, str, str], ...] = (
         "a vnode not started has no position, a started one always has one",
     ),
     (
-        "*Arrangement*ǁnext_read",
-        "*FORWARDING and not self.started*",
-        f"the budget is 0 until the first barrier: {_NO_READ}",
-    ),
-    (
-        "*FixedSnapshotReads*ǁnext_read",
+        "*VnodeReads*ǁ_read_limit",
         "*not self._reading() and not self.started*",
         f"the budget is 0 until the first barrier, and past the reading phase every vnode "
         f"is read to its end: {_NO_READ}",
     ),
     (
-        "*Source*ǁnext_reads",
+        "*Source*ǁplan_reads",
         "*not self.started and self.paused*",
         f"a paused actor's budget is 0 (`epoch_budget`): {_NO_READ}",
     ),
     (
-        "*Source*ǁnext_reads",
+        "*Source*ǁplan_reads",
         "*FORWARDING and not self.started or self.paused*",
         f"forwarding, every split is finished: {_NO_READ}",
     ),
     (
-        "*Source*ǁnext_reads",
+        "*Source*ǁplan_reads",
         "*if total < 0 or not pending*",
         f"a total of 0 gives every split a limit of 0: {_NO_READ}",
     ),
     (
-        "*Source*ǁon_backfill_summary",
+        "*Source*ǁ_on_backfill_summary",
         "*last_visible <= last_offset*",
         "hidden rows after a last visible offset equal to the last one fail the next check",
     ),

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from backfill_core.changes import Version
 from backfill_core.epoch import EpochPair
 from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
-from tests.kit.executors import VNODES, epoch, key_of, new_store, vnode_of
+from tests.kit.executors import VNODES, account_rows, epoch, first_read, key_of, new_store, vnode_of
 from tests.kit.store_model import StoreModel
 
 Row = tuple[Any, ...]
@@ -207,8 +207,8 @@ def read_single(
     impl_mv, model_mv, e = mvs
     rows_of = up.rows_of(impl.snapshot_epoch)
     left = allowance
-    while left > 0 and (read := impl.next_read(min(chunk, left))) is not None:
-        rows = impl.on_snapshot_rows(read, rows_of(read))
+    while left > 0 and (read := first_read(impl, min(chunk, left))) is not None:
+        rows = account_rows(impl, read, rows_of(read))
         impl_mv.write(impl.open_epoch, [Version(r) for r in rows])
         left -= len(rows)
     left, by_vnode = allowance, up.by_vnode(impl.snapshot_epoch)

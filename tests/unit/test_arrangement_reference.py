@@ -32,8 +32,13 @@ from tests.kit.executors import (
     ACTOR,
     VNODES,
     Batches,
+    account_groups,
+    account_rows,
+    account_summary,
+    each_read,
     epoch,
     epoch_histories,
+    first_read,
     in_vnodes,
     key_of,
     new_store,
@@ -110,10 +115,10 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
         elif reads == "spread":
             # the driver's plan (which vnode, how many rows) is replayed into the model,
             # which finds the rows, positions and ends itself
-            while left > 0 and (reads := impl.next_spread_read(min(chunk * 3, left))):
+            while left > 0 and (reads := each_read(impl, min(chunk * 3, left))):
                 for read in reads:
                     rows = rows_of(read)
-                    impl.on_read_summary(read, len(rows), key_of(rows[-1]) if rows else None)
+                    account_summary(impl, read, len(rows), key_of(rows[-1]) if rows else None)
                     impl_mv.write(impl.open_epoch, [Version(r) for r in rows])
                     left -= len(rows)
                     for _ in range(read.limit):
@@ -121,11 +126,9 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
                             break
                         model_mv.write(e, [Version(row)])
         else:
-            while left > 0 and (read := impl.next_read(min(chunk, left))) is not None:
+            while left > 0 and (read := first_read(impl, min(chunk, left))) is not None:
                 rows = rows_of(read)
-                impl_mv.write(
-                    impl.open_epoch, [Version(r) for r in impl.on_snapshot_rows(read, rows)]
-                )
+                impl_mv.write(impl.open_epoch, [Version(r) for r in account_rows(impl, read, rows)])
                 left -= len(rows)
             left = allowance
             while left > 0 and (row := model.read_one(by_vnode)) is not None:
@@ -192,8 +195,8 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
 def test_an_empty_upstream_finishes_at_the_second_barrier() -> None:
     ex = ArrangementBackfill(1, range(4), key_of)
     assert not ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1)))).finished
-    while (read := ex.next_read(10)) is not None:
-        ex.on_snapshot_rows(read, [])
+    while (read := first_read(ex, 10)) is not None:
+        account_rows(ex, read, [])
     out = ex.on_barrier(Barrier(EpochPair(epoch(1), epoch(2))))
     assert out.finished and all(p.state is VnodeState.COMPLETED for p in ex.progress.values())
 
@@ -201,12 +204,12 @@ def test_an_empty_upstream_finishes_at_the_second_barrier() -> None:
 def test_pause_stops_reads_but_not_the_changes_below_current_pos() -> None:
     ex = ArrangementBackfill(1, [0], key_of, paused=False)
     ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1))))
-    read = ex.next_read(1)
+    read = first_read(ex, 1)
     assert read is not None
-    ex.on_snapshot_rows(read, [(0, "a")])  # current_pos = (0,); more rows remain
+    account_rows(ex, read, [(0, "a")])  # current_pos = (0,); more rows remain
     pause = Barrier(EpochPair(epoch(1), epoch(2)), mutation=Mutation(pause=frozenset({1})))
     ex.on_barrier(pause)
-    assert ex.next_read(10) is None  # paused: no snapshot reads
+    assert first_read(ex, 10) is None  # paused: no snapshot reads
     from backfill_core.changes import RowChange
 
     below = RowChange(Op.UPDATE, 0, (0, "a"), (0, "b"))
@@ -228,9 +231,9 @@ def test_the_rate_limit_is_a_token_bucket_over_barriers_handled_at_once() -> Non
     ex = ArrangementBackfill(1, [0], key_of, rate_limit=1_000)
     for t in (0, 100, 200):  # three 100 ms epochs close before the worker reads
         ex.on_barrier(barrier(t, t + 100))
-    read = ex.next_read(10_000)
+    read = first_read(ex, 10_000)
     assert read is not None and read.limit == 300
-    ex.on_snapshot_rows(read, [(k, "r") for k in range(120)])  # 180 left: the snapshot ended
+    account_rows(ex, read, [(k, "r") for k in range(120)])  # 180 left: the snapshot ended
     ex.on_barrier(barrier(300, 400))
     assert ex.budget == 280
     for t in range(400, 3_000, 100):  # an idle second and more: capped at a second's worth
@@ -258,15 +261,15 @@ def test_a_restored_completed_vnode_is_never_read_and_emits_every_change() -> No
     }
     ex = ArrangementBackfill(1, [0, 1, 2], key_of, restore=restore)
     ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1))))
-    read = ex.next_read(1)
+    read = first_read(ex, 1)
     assert read is not None and read.vnode == 1 and read.after == (1,)
-    assert [r.vnode for r in ex.next_spread_read(10)] == [1]
-    assert [v for b in ex.next_batch_reads(10, 2) for v, _ in b.starts] == [1]
-    ex.on_snapshot_rows(read, [(5, "x")])  # more rows may remain in vnode 1
-    nxt = ex.next_read(10)
+    assert [r.vnode for r in each_read(ex, 10)] == [1]
+    assert [v for b in ex.plan_reads(10, 2) for v, _ in b.starts] == [1]
+    account_rows(ex, read, [(5, "x")])  # more rows may remain in vnode 1
+    nxt = first_read(ex, 10)
     assert nxt is not None and nxt.vnode == 1 and nxt.after == (5,)
     with pytest.raises(ValueError):
-        ex.on_read_summary(SnapshotRead(0, epoch(0), (4,), 10), 1, (8,))
+        account_summary(ex, SnapshotRead(0, epoch(0), (4,), 10), 1, (8,))
     deletes = [
         RowChange(Op.DELETE, 0, (12, "a"), None),
         RowChange(Op.INSERT, 2, None, (2, "b")),
@@ -285,7 +288,7 @@ def test_a_restored_actor_whose_vnodes_all_completed_forwards() -> None:
     done = VnodeProgress(VnodeState.COMPLETED, (1,), 1)
     ex = ArrangementBackfill(1, [0, 1], key_of, restore={0: done, 1: done})
     assert ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1)))).finished
-    assert ex.next_read(10) is None
+    assert first_read(ex, 10) is None
 
 
 @pytest.mark.parametrize(
@@ -300,13 +303,13 @@ def test_a_restored_actor_whose_vnodes_all_completed_forwards() -> None:
 def test_a_read_from_another_epoch_or_position_is_refused(read: SnapshotRead) -> None:
     ex = ArrangementBackfill(1, [0], key_of)
     ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1))))
-    first = ex.next_read(1)
+    first = first_read(ex, 1)
     assert first is not None
-    ex.on_snapshot_rows(first, [(0, "a")])
+    account_rows(ex, first, [(0, "a")])
     with pytest.raises(ReadProvenanceError):
-        ex.on_read_summary(read, 1, (8,))
+        account_summary(ex, read, 1, (8,))
     with pytest.raises(ReadProvenanceError):
-        ex.on_batch_summary(SnapshotBatchRead(read.epoch, ((0, read.after),), 5), {0: (1, (8,))})
+        account_groups(ex, SnapshotBatchRead(read.epoch, ((0, read.after),), 5), {0: (1, (8,))})
     assert ex.progress[0].current_pos == (0,)
 
 

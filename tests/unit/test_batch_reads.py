@@ -13,9 +13,10 @@ from backfill_core.epoch import EpochPair
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeState
 from backfill_core.executors.chain import ChainBackfill
 from backfill_core.executors.flow import split_batches
+from backfill_core.executors.interface import VnodeRows
 from backfill_core.executors.messages import Barrier, BarrierKind, SnapshotRead
 from spark_workers.spark_path import GROUPS_PER_TASK, groups_per_actor
-from tests.kit.executors import ACTOR, VNODES, epoch, key_of, serve_batch
+from tests.kit.executors import ACTOR, VNODES, account_groups, epoch, key_of, serve_batch
 
 
 @given(
@@ -70,11 +71,11 @@ def test_an_interleaved_batch_that_hit_its_limit_ends_no_vnode() -> None:
     stopped the statement: vnode 0's five rows do not show that it ended (it has eight).
     Accounted vnode after vnode, it was completed, and its other rows never read."""
     ex = started_chain()
-    [batch] = ex.next_batch_reads(10, parts=1)
+    [batch] = ex.plan_reads(10, parts=1)
     assert [v for v, _ in batch.starts] == [0, 1, 2] and batch.limit == 10
     served = serve_batch(batch, rows_of, picks=(0, 1))  # 0, 1, 0, 1, ...: 5 rows each
     assert [v for v, _ in served] == [0, 1] * 5
-    assert ex.on_batch_summary(batch, {0: (5, (16,)), 1: (5, (17,))}) == 10
+    assert account_groups(ex, batch, {0: (5, (16,)), 1: (5, (17,))}) == 10
     assert [p.state for p in ex.progress.values()] == [VnodeState.IN_PROGRESS] * 2 + [
         VnodeState.NOT_STARTED
     ]
@@ -82,11 +83,11 @@ def test_an_interleaved_batch_that_hit_its_limit_ends_no_vnode() -> None:
     assert ex.progress[0].current_pos == (16,) and ex.progress[1].current_pos == (17,)
     # read on, interleaved, to the end: every row read once, then every vnode ended
     read = 10
-    while batches := ex.next_batch_reads(10, parts=1):
+    while batches := ex.plan_reads(10, parts=1):
         for batch in batches:
             served = serve_batch(batch, rows_of, picks=(2, 1))
             summary = {v: (sum(1 for u, _ in served if u == v), key_of(r)) for v, r in served}
-            read += ex.on_batch_summary(batch, summary)
+            read += account_groups(ex, batch, summary)
     assert read == 24
     assert {v: (p.state, p.current_pos, p.row_count) for v, p in ex.progress.items()} == {
         v: (VnodeState.COMPLETED, key_of(rows[-1]), 8) for v, rows in TABLE.items()
@@ -115,14 +116,14 @@ def test_interleaved_batches_end_a_vnode_only_once_all_its_rows_are_read(
     ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1)), BarrierKind.CHECKPOINT))
     read: dict[int, list[Any]] = {v: [] for v in table}
     turn = 0
-    while batches := ex.next_batch_reads(limits[turn % len(limits)], parts):
+    while batches := ex.plan_reads(limits[turn % len(limits)], parts):
         turn += 1
         assert turn < 200, "the reads make no progress"
         for batch in batches:
             picks = tuple(data.draw(st.lists(st.integers(0, 3), max_size=6)))
             served = serve_batch(batch, rows_of, picks)
             summary = {v: (sum(1 for u, _ in served if u == v), key_of(r)) for v, r in served}
-            assert ex.on_batch_summary(batch, summary) == len(served)
+            assert account_groups(ex, batch, summary) == len(served)
             for v, r in served:
                 read[v].append(r)
             for v, p in ex.progress.items():
@@ -138,22 +139,22 @@ def test_a_batch_that_read_less_than_its_limit_ends_each_of_its_vnodes() -> None
     """Then the limit stopped no branch, each of which had the batch's limit: every
     branch ran to its end, in whatever order."""
     ex = started_chain()
-    [batch] = ex.next_batch_reads(30, parts=1)
+    [batch] = ex.plan_reads(30, parts=1)
     served = serve_batch(batch, rows_of, picks=(2, 0, 1))
     assert len(served) == 24
-    assert ex.on_batch_summary(batch, {v: (8, key_of(rows[-1])) for v, rows in TABLE.items()})
+    assert account_groups(ex, batch, {v: (8, key_of(rows[-1])) for v, rows in TABLE.items()})
     assert all(p.state is VnodeState.COMPLETED for p in ex.progress.values())
 
 
 def test_a_batch_summary_that_breaks_the_limit_or_its_vnodes_is_refused() -> None:
     ex = started_actor([0, 1])
-    [batch] = ex.next_batch_reads(5, parts=1)
+    [batch] = ex.plan_reads(5, parts=1)
     with pytest.raises(ValueError, match="more rows"):
-        ex.on_batch_summary(batch, {0: (5, (4,)), 1: (1, (5,))})
+        account_groups(ex, batch, {0: (5, (4,)), 1: (1, (5,))})
     ex = started_actor([0, 1])
-    [batch] = ex.next_batch_reads(5, parts=1)
+    [batch] = ex.plan_reads(5, parts=1)
     with pytest.raises(ValueError, match="does not read"):
-        ex.on_batch_summary(batch, {3: (1, (3,))})
+        account_groups(ex, batch, {3: (1, (3,))})
 
 
 @given(actors=st.integers(1, 256), cores=st.integers(1, 64))
@@ -169,13 +170,12 @@ def test_rows_of_a_batch_read_are_accounted_as_its_summary() -> None:
     """The driver's batch read (rows in hand, the vnodes' interleaved) and a Spark
     task's (a summary) agree."""
     ex = started_actor([0, 1, 2])
-    batch = ex.next_batch_read(10)
-    assert batch is not None
+    [batch] = ex.plan_reads(10, 1)
     served = serve_batch(batch, rows_of, picks=(1, 0))
     assert [v for v, _ in served] == [1, 0] * 5
-    assert ex.on_batch_rows(batch, served) == [r for v in (0, 1) for u, r in served if u == v]
+    assert ex.account(batch, VnodeRows(served)) == [r for v in (0, 1) for u, r in served if u == v]
     assert ex.exhausted == set()  # the limit was hit
     assert ex.progress[0].current_pos == (16,) and ex.progress[1].current_pos == (17,)
     assert ex.progress[2].current_pos is None
     with pytest.raises(ValueError, match="does not read"):
-        ex.on_batch_rows(batch, [(3, (3, 0))])
+        ex.account(batch, VnodeRows([(3, (3, 0))]))

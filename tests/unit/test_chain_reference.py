@@ -35,8 +35,13 @@ from tests.kit.executors import (
     ACTOR,
     VNODES,
     Batches,
+    account_groups,
+    account_rows,
+    account_summary,
+    each_read,
     epoch,
     epoch_histories,
+    first_read,
     in_vnodes,
     key_of,
     new_store,
@@ -138,11 +143,11 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
         elif reads == "spread":
             # the driver's plan (which vnode, how many rows) is replayed into the model,
             # which finds the rows, positions and ends itself
-            while left > 0 and (reads := impl.next_spread_read(min(chunk * 3, left))):
+            while left > 0 and (reads := each_read(impl, min(chunk * 3, left))):
                 for read in reads:
                     assert read.epoch == epoch(0)
                     rows = rows_of(read)
-                    impl.on_read_summary(read, len(rows), key_of(rows[-1]) if rows else None)
+                    account_summary(impl, read, len(rows), key_of(rows[-1]) if rows else None)
                     impl_mv.write(impl.open_epoch, [Version(r) for r in rows])
                     left -= len(rows)
                     read_rows += len(rows)
@@ -151,12 +156,10 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
                             break
                         model_mv.write(e, [Version(row)])
         else:
-            while left > 0 and (read := impl.next_read(min(chunk, left))) is not None:
+            while left > 0 and (read := first_read(impl, min(chunk, left))) is not None:
                 assert read.epoch == epoch(0)
                 rows = rows_of(read)
-                impl_mv.write(
-                    impl.open_epoch, [Version(r) for r in impl.on_snapshot_rows(read, rows)]
-                )
+                impl_mv.write(impl.open_epoch, [Version(r) for r in account_rows(impl, read, rows)])
                 left -= len(rows)
                 read_rows += len(rows)
             left = allowance
@@ -226,16 +229,16 @@ def first_barrier(ex: ChainBackfill) -> None:
 
 def read_all(ex: ChainBackfill, rows: dict[int, list[Any]]) -> None:
     """Read the snapshot to its end, vnode rows given in pk order."""
-    while (read := ex.next_read(10)) is not None:
+    while (read := first_read(ex, 10)) is not None:
         got = [r for r in rows.get(read.vnode, []) if read.after is None or key_of(r) > read.after]
-        ex.on_snapshot_rows(read, got[: read.limit])
+        account_rows(ex, read, got[: read.limit])
 
 
 def test_an_empty_upstream_finishes_at_the_barrier_that_replays_everything() -> None:
     ex = ChainBackfill(1, range(4), key_of)
     first_barrier(ex)
     read_all(ex, {})
-    assert ex.phase is Phase.SNAPSHOT and ex.next_read(10) is None
+    assert ex.phase is Phase.SNAPSHOT and first_read(ex, 10) is None
     barrier = Barrier(EpochPair(epoch(1), epoch(2)))
     assert ex.changes_needed(barrier) == ChangeRange(epoch(0), epoch(1), (0, 1, 2, 3))
     out = ex.on_barrier(barrier, [])
@@ -273,7 +276,7 @@ def test_the_replay_is_paced_and_catches_up() -> None:
     ex = ChainBackfill(1, [0], key_of, paused=True, replay_epochs_per_barrier=2)
     first_barrier(ex)
     for i in range(1, 5):  # paused: four epochs remembered, nothing read
-        assert ex.next_read(10) is None and ex.next_spread_read(10) == []
+        assert first_read(ex, 10) is None and each_read(ex, 10) == []
         mutation = Mutation(resume=frozenset({1})) if i == 4 else None
         out = ex.on_barrier(Barrier(EpochPair(epoch(i), epoch(i + 1)), mutation=mutation))
         assert out.emit == [] and out.rows == 0
@@ -306,7 +309,7 @@ def test_a_created_job_comes_back_forwarding() -> None:
     ex = ChainBackfill(1, [0, 1], key_of, finished=True)
     first = Barrier(EpochPair(epoch(3), epoch(4)))
     assert ex.changes_needed(first) is None
-    assert ex.on_barrier(first).finished and ex.next_read(10) is None
+    assert ex.on_barrier(first).finished and first_read(ex, 10) is None
     barrier = Barrier(EpochPair(epoch(4), epoch(5)))
     assert ex.changes_needed(barrier) == ChangeRange(epoch(3), epoch(4), (0, 1))
 
@@ -320,14 +323,14 @@ def test_a_read_from_another_epoch_or_position_is_refused(
 ) -> None:
     ex = ChainBackfill(1, [0], key_of)
     ex.on_barrier(Barrier(EpochPair(epoch(0), epoch(1))))
-    first = ex.next_read(1)
+    first = first_read(ex, 1)
     assert first is not None and first.epoch == epoch(0)
-    ex.on_snapshot_rows(first, [(0, "a")])
+    account_rows(ex, first, [(0, "a")])
     wrong = SnapshotRead(0, epoch(epoch_index), after, 5)
     with pytest.raises(ReadProvenanceError):
-        ex.on_read_summary(wrong, 1, (8,))
+        account_summary(ex, wrong, 1, (8,))
     with pytest.raises(ReadProvenanceError):
-        ex.on_batch_summary(SnapshotBatchRead(wrong.epoch, ((0, after),), 5), {0: (1, (8,))})
+        account_groups(ex, SnapshotBatchRead(wrong.epoch, ((0, after),), 5), {0: (1, (8,))})
     assert ex.progress[0].current_pos == (0,)
 
 

@@ -10,7 +10,7 @@ from backfill_core.executors.arrangement import ArrangementBackfill
 from backfill_core.executors.chain import ChainBackfill
 from backfill_core.executors.messages import Barrier
 from backfill_core.executors.snapshot import Phase, SnapshotBackfill, VnodeUpdateDuringLogStore
-from tests.kit.executors import epoch, key_of
+from tests.kit.executors import account_rows, epoch, first_read, key_of
 
 S = epoch(3)
 
@@ -19,9 +19,9 @@ def _finishing() -> SnapshotBackfill:
     """A snapshot job that caught up with its upstream at this barrier (phase 2's end)."""
     ex = SnapshotBackfill(1, [0, 1], key_of, S)
     ex.on_barrier(Barrier(EpochPair(0, 1 << 16)), upstream_latest_epoch=S)
-    assert ex.next_read(10) is not None
-    for read in iter(lambda: ex.next_read(10), None):
-        ex.on_snapshot_rows(read, [])
+    assert first_read(ex, 10) is not None
+    for read in iter(lambda: first_read(ex, 10), None):
+        account_rows(ex, read, [])
     ex.on_barrier(Barrier(EpochPair(1 << 16, S)), upstream_latest_epoch=S)
     ex.on_barrier(Barrier(EpochPair(S, epoch(4))), upstream_latest_epoch=S)
     return ex

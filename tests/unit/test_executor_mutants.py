@@ -25,7 +25,7 @@ from backfill_core.executors.snapshot import (
     max_pending_epoch_lag,
 )
 from backfill_core.executors.snapshot import VnodeState as SnapshotVnodeState
-from tests.kit.executors import ACTOR, epoch, key_of
+from tests.kit.executors import ACTOR, account_rows, account_summary, epoch, first_read, key_of
 
 
 def _barrier(i: int) -> Barrier:
@@ -52,12 +52,12 @@ def test_arrangement_reports_the_rows_of_each_epoch_and_its_progress() -> None:
     first = ex.on_barrier(_barrier(0))
     assert (first.emit, first.rows) == ([], 0)
     assert first.progress == {"vnodes": ex.progress_rows()}
-    read = ex.next_read(2)
+    read = first_read(ex, 2)
     assert read is not None and read.vnode == 0
-    ex.on_snapshot_rows(read, _rows(0, 2))
-    read = ex.next_read(2)
+    account_rows(ex, read, _rows(0, 2))
+    read = first_read(ex, 2)
     assert read is not None and read.vnode == 0
-    ex.on_snapshot_rows(read, _rows(4))  # short: vnode 0 read to its end this epoch
+    account_rows(ex, read, _rows(4))  # short: vnode 0 read to its end this epoch
     out = ex.on_barrier(_barrier(1))
     assert out.rows == 3
     assert out.progress == {"vnodes": ex.progress_rows()}
@@ -69,9 +69,9 @@ def test_arrangement_asks_only_for_the_changes_it_can_emit() -> None:
     range) and ``phase is not FORWARDING`` (every vnode asked for while backfilling)."""
     ex = ArrangementBackfill(ACTOR, [0, 1], key_of)
     ex.on_barrier(_barrier(0))
-    read = ex.next_read(1)
+    read = first_read(ex, 1)
     assert read is not None
-    ex.on_snapshot_rows(read, _rows(0))
+    account_rows(ex, read, _rows(0))
     needed = ex.changes_needed(_barrier(1))
     assert needed is not None and needed.vnodes == (0,)  # vnode 1 not started
     ex.on_barrier(_barrier(1))
@@ -82,9 +82,9 @@ def test_arrangement_drops_changes_of_vnodes_it_does_not_own_or_has_not_started(
     """Kills: ``return True`` for a vnode without progress, and for a vnode not started."""
     ex = ArrangementBackfill(ACTOR, [0, 1], key_of)
     ex.on_barrier(_barrier(0))
-    read = ex.next_read(1)
+    read = first_read(ex, 1)
     assert read is not None
-    ex.on_snapshot_rows(read, _rows(4))  # vnode 0 at key 4, vnode 1 not started
+    account_rows(ex, read, _rows(4))  # vnode 0 at key 4, vnode 1 not started
     kept = _insert(0, 2)
     out = ex.on_barrier(_barrier(1), [kept, _insert(0, 8), _insert(1, 1), _insert(3, 3)])
     assert out.emit == [kept]
@@ -95,7 +95,7 @@ def test_arrangement_carries_an_idle_epochs_budget_over() -> None:
     ex = ArrangementBackfill(ACTOR, [0], key_of, rate_limit=10)
     ex.on_barrier(_barrier(0))  # 100 ms at 10 rows/s: one row (the minimum)
     ex.on_barrier(_barrier(1))  # nothing read: that row carries over
-    read = ex.next_read(100)
+    read = first_read(ex, 100)
     assert read is not None and read.limit == 2
 
 
@@ -104,9 +104,9 @@ def test_vnode_progress_rows_name_every_field() -> None:
     rows, and a restore reads them back)."""
     ex = ArrangementBackfill(ACTOR, [0, 1], key_of)
     ex.on_barrier(_barrier(0))
-    read = ex.next_read(2)
+    read = first_read(ex, 2)
     assert read is not None
-    ex.on_snapshot_rows(read, _rows(0, 4))
+    account_rows(ex, read, _rows(0, 4))
     assert ex.progress_rows() == [
         {"vnode": 0, "state": "in_progress", "current_pos": (4,), "row_count": 2},
         {"vnode": 1, "state": "not_started", "current_pos": None, "row_count": 0},
@@ -145,9 +145,9 @@ def test_chain_reports_the_rows_of_each_epoch_and_its_progress() -> None:
     ex = ChainBackfill(ACTOR, [0, 1], key_of)
     first = ex.on_barrier(_barrier(0))
     assert (first.emit, first.rows) == ([], 0)
-    read = ex.next_read(2)
+    read = first_read(ex, 2)
     assert read is not None
-    ex.on_snapshot_rows(read, _rows(0, 2))
+    account_rows(ex, read, _rows(0, 2))
     out = ex.on_barrier(_barrier(1))
     assert out.rows == 2
     assert out.progress["vnodes"] == ex.progress_rows()
@@ -171,7 +171,7 @@ def test_chain_carries_an_idle_epochs_budget_over() -> None:
     ex = ChainBackfill(ACTOR, [0], key_of, rate_limit=10)
     ex.on_barrier(_barrier(0))
     ex.on_barrier(_barrier(1))
-    read = ex.next_read(100)
+    read = first_read(ex, 100)
     assert read is not None and read.limit == 2
 
 
@@ -181,12 +181,12 @@ def test_chain_refuses_a_read_of_a_vnode_it_does_not_own_or_read_to_its_end() ->
     ex = ChainBackfill(ACTOR, [0, 1], key_of)
     ex.on_barrier(_barrier(0))
     with pytest.raises(ValueError):
-        ex.on_read_summary(SnapshotRead(5, ex.snapshot_epoch, None, 10), 0, None)
-    read = ex.next_read(10)
+        account_summary(ex, SnapshotRead(5, ex.snapshot_epoch, None, 10), 0, None)
+    read = first_read(ex, 10)
     assert read is not None and read.vnode == 0
-    ex.on_read_summary(read, 0, None)  # vnode 0 is empty: read to its end
+    account_summary(ex, read, 0, None)  # vnode 0 is empty: read to its end
     with pytest.raises(ValueError):
-        ex.on_read_summary(read, 0, None)
+        account_summary(ex, read, 0, None)
 
 
 # snapshot -------------------------------------------------------------------------------
@@ -198,12 +198,12 @@ def test_snapshot_refuses_a_read_of_a_vnode_it_does_not_own_or_consumed() -> Non
     ex = SnapshotBackfill(ACTOR, [0, 1], key_of, s)
     ex.on_barrier(Barrier(EpochPair(0, 1 << 16)))
     with pytest.raises(ValueError):
-        ex.on_read_summary(SnapshotRead(5, s, None, 10), 0, None)
-    read = ex.next_read(10)
+        account_summary(ex, SnapshotRead(5, s, None, 10), 0, None)
+    read = first_read(ex, 10)
     assert read is not None and read.vnode == 0
-    ex.on_read_summary(read, 0, None)
+    account_summary(ex, read, 0, None)
     with pytest.raises(ValueError):
-        ex.on_read_summary(read, 0, None)
+        account_summary(ex, read, 0, None)
 
 
 def test_the_upstream_may_advance_while_it_is_behind_the_replay() -> None:
@@ -229,8 +229,8 @@ def _in_log_store() -> SnapshotBackfill:
     s = epoch(3)
     ex = SnapshotBackfill(ACTOR, [0, 1], key_of, s)
     ex.on_barrier(Barrier(EpochPair(0, 1 << 16)), upstream_latest_epoch=s)
-    for read in iter(lambda: ex.next_read(10), None):
-        ex.on_snapshot_rows(read, [])
+    for read in iter(lambda: first_read(ex, 10), None):
+        account_rows(ex, read, [])
     ex.on_barrier(Barrier(EpochPair(1 << 16, s)), upstream_latest_epoch=s)
     assert ex.phase is Phase.LOG_STORE
     return ex
@@ -274,6 +274,27 @@ def test_a_recovery_into_the_log_store_needs_every_vnode_consumed() -> None:
         ex.on_barrier(_barrier(4), upstream_latest_epoch=epoch(6))
 
 
+def test_progress_restored_at_the_first_barrier_resumes_the_log_store_there() -> None:
+    """The worker stores no epoch with a vnode's progress: restored at the snapshot
+    epoch, it is taken at the epoch the first barrier closes (``progress_at_first_barrier``),
+    where a restore naming its epochs must name that one; phase 1 keeps the snapshot's."""
+    s = epoch(3)
+    consumed = {v: VnodeBackfillProgress(s, 4, SnapshotVnodeState.CONSUMED) for v in (0, 1)}
+    strict = SnapshotBackfill(ACTOR, [0, 1], key_of, s, restore=consumed)
+    with pytest.raises(ValueError, match="must be consumed at epoch"):
+        strict.on_barrier(_barrier(4), upstream_latest_epoch=epoch(6))
+    ex = SnapshotBackfill(
+        ACTOR, [0, 1], key_of, s, restore=consumed, progress_at_first_barrier=True
+    )
+    ex.on_barrier(_barrier(4), upstream_latest_epoch=epoch(6))
+    assert ex.phase is Phase.LOG_STORE and ex.consumed_epoch == epoch(4)
+    assert {p.epoch for p in ex.progress.values()} == {epoch(4)}
+    consuming = {0: VnodeBackfillProgress(s, 2, current_pos=(4,))}
+    ex = SnapshotBackfill(ACTOR, [0], key_of, s, restore=consuming, progress_at_first_barrier=True)
+    ex.on_barrier(Barrier(EpochPair(1 << 16, 2 << 16)), upstream_latest_epoch=s)
+    assert ex.phase is Phase.SNAPSHOT and ex.progress[0].epoch == s
+
+
 def test_a_rescale_gives_a_vnode_new_to_the_snapshot_its_start() -> None:
     """Kills ``p = None`` and ``VnodeBackfillProgress(None)`` for a vnode without progress."""
     s = epoch(3)
@@ -282,7 +303,7 @@ def test_a_rescale_gives_a_vnode_new_to_the_snapshot_its_start() -> None:
     ex.on_vnode_update([0, 2])
     assert ex.vnodes == (0, 2)
     assert ex.progress[2] == VnodeBackfillProgress(s)
-    read = ex.next_read(10)
+    read = first_read(ex, 10)
     assert read is not None and read.vnode == 0
 
 
@@ -326,9 +347,9 @@ def test_a_snapshot_job_reports_its_phase_one_in_full() -> None:
     s = epoch(3)
     ex = SnapshotBackfill(ACTOR, [0, 1], key_of, s)
     out = ex.on_barrier(Barrier(EpochPair(0, 1 << 16)), upstream_latest_epoch=epoch(4))
-    read = ex.next_read(10)
+    read = first_read(ex, 10)
     assert read is not None and read.vnode == 0
-    ex.on_snapshot_rows(read, [])  # vnode 0 is empty: consumed
+    account_rows(ex, read, [])  # vnode 0 is empty: consumed
     assert out.progress == {
         "vnodes": [
             {"vnode": v, "state": "consuming", "current_pos": None, "row_count": 0, "epoch": s}

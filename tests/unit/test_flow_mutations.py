@@ -16,7 +16,7 @@ from backfill_core.executors.chain import ChainBackfill
 from backfill_core.executors.messages import Barrier, Mutation
 from backfill_core.executors.snapshot import SnapshotBackfill
 from backfill_core.executors.source import SourceBackfill
-from tests.kit.executors import ACTOR, OTHER_JOB_ACTOR, epoch, key_of
+from tests.kit.executors import ACTOR, OTHER_JOB_ACTOR, epoch, first_read, key_of
 
 OTHER = frozenset({OTHER_JOB_ACTOR})
 MINE = frozenset({ACTOR})
@@ -43,26 +43,26 @@ KINDS = {
         lambda: ArrangementBackfill(ACTOR, [0], key_of),
         epoch,
         lambda ex, b: ex.on_barrier(b),
-        lambda ex: ex.next_read(10) is not None,
+        lambda ex: first_read(ex, 10) is not None,
     ),
     "chain": Kind(
         lambda: ChainBackfill(ACTOR, [0], key_of),
         epoch,
         lambda ex, b: ex.on_barrier(b, []),
-        lambda ex: ex.next_read(10) is not None,
+        lambda ex: first_read(ex, 10) is not None,
     ),
     "snapshot": Kind(
         # phase 1 runs on fake epochs, far below the snapshot's
         lambda: SnapshotBackfill(ACTOR, [0], key_of, epoch(100)),
         lambda i: i << 16,
         lambda ex, b: ex.on_barrier(b),
-        lambda ex: ex.next_read(10) is not None,
+        lambda ex: first_read(ex, 10) is not None,
     ),
     "source": Kind(
         _source,
         epoch,
         lambda ex, b: ex.on_barrier(b, []),
-        lambda ex: ex.next_reads(10) != [],
+        lambda ex: ex.plan_reads(10) != [],
     ),
 }
 

@@ -44,7 +44,12 @@ from tests.kit.executors import (
     SPACING_MS,
     VNODES,
     Batches,
+    account_groups,
+    account_rows,
+    account_summary,
+    each_read,
     epoch,
+    first_read,
     in_vnodes,
     key_of,
     mutations,
@@ -216,11 +221,11 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
                 (impl_mv, model_mv, fake(k)),
             )
         elif reads == "spread":
-            while left > 0 and (reads := impl.next_spread_read(min(chunk * 3, left))):
+            while left > 0 and (reads := each_read(impl, min(chunk * 3, left))):
                 for read in reads:
                     assert read.epoch == snapshot_epoch
                     rows = rows_of(read)
-                    impl.on_read_summary(read, len(rows), key_of(rows[-1]) if rows else None)
+                    account_summary(impl, read, len(rows), key_of(rows[-1]) if rows else None)
                     impl_mv.write(impl.open_epoch, [Version(r) for r in rows])
                     left -= len(rows)
                     read_rows += len(rows)
@@ -229,10 +234,10 @@ def test_epoch_level_executor_matches_the_row_at_a_time_model(
                             break
                         model_mv.write(fake(k), [Version(row)])
         else:
-            while left > 0 and (read := impl.next_read(min(chunk, left))) is not None:
+            while left > 0 and (read := first_read(impl, min(chunk, left))) is not None:
                 assert read.epoch == snapshot_epoch
                 rows = rows_of(read)
-                written = impl.on_snapshot_rows(read, rows)
+                written = account_rows(impl, read, rows)
                 impl_mv.write(impl.open_epoch, [Version(r) for r in written])
                 left -= len(rows)
                 read_rows += len(rows)
@@ -357,11 +362,11 @@ def run_phase1(
         k += 1
         if done:
             return k
-        while (read := ex.next_read(10)) is not None:
+        while (read := first_read(ex, 10)) is not None:
             got = [
                 r for r in rows.get(read.vnode, []) if read.after is None or key_of(r) > read.after
             ]
-            ex.on_snapshot_rows(read, got[: read.limit])
+            account_rows(ex, read, got[: read.limit])
 
 
 def test_the_lag_cap_halves_the_elapsed_distance_and_never_exceeds_the_lag() -> None:
@@ -477,9 +482,9 @@ def test_rescale_in_phase_1_and_phase_3() -> None:
     ex = SnapshotBackfill(1, [0, 1], key_of, S, rate_limit=10)
     ex.on_barrier(Barrier(EpochPair(0, fake(1))), upstream_latest_epoch=S)
     ex.on_barrier(Barrier(EpochPair(fake(1), fake(2))), upstream_latest_epoch=epoch(4))
-    read = ex.next_read(10)  # two epochs of 100 ms at 10 rows/s, neither read: two rows
+    read = first_read(ex, 10)  # two epochs of 100 ms at 10 rows/s, neither read: two rows
     assert read is not None and read.limit == 2
-    ex.on_snapshot_rows(read, [(0, "a")])
+    account_rows(ex, read, [(0, "a")])
     ex.on_barrier(Barrier(EpochPair(fake(2), fake(3))), upstream_latest_epoch=epoch(5))
     # vnode 1 moves away, vnode 2 arrives from an actor that read up to pk 6
     moved = VnodeBackfillProgress(S, 2, VnodeState.CONSUMING, (6,))
@@ -504,12 +509,12 @@ def test_recovery_resumes_phase_1_at_the_stored_pk() -> None:
     ex = SnapshotBackfill(1, [0, 1, 2], key_of, S, restore=restore)
     first = Barrier(EpochPair(fake(5), fake(6)), BarrierKind.INITIAL)
     assert ex.on_barrier(first, upstream_latest_epoch=epoch(9)).progress["snapshot_rows"] == 5
-    read = ex.next_read(10)
-    assert [(r.vnode, r.after) for r in ex.next_spread_read(10)] == [(0, (4,)), (2, None)]
+    read = first_read(ex, 10)
+    assert [(r.vnode, r.after) for r in each_read(ex, 10)] == [(0, (4,)), (2, None)]
     assert read is not None and (read.vnode, read.after, read.epoch) == (0, (4,), S)
-    ex.on_snapshot_rows(read, [(8, "x")])
+    account_rows(ex, read, [(8, "x")])
     assert ex.progress[0] == VnodeBackfillProgress(S, 3, VnodeState.CONSUMED, (8,))
-    read = ex.next_read(10)
+    read = first_read(ex, 10)
     assert read is not None and (read.vnode, read.after) == (2, None)
     with pytest.raises(ValueError, match="not at the snapshot epoch"):
         other = SnapshotBackfill(1, [0], key_of, epoch(4), restore={0: restore[0]})
@@ -550,12 +555,12 @@ def test_a_read_from_another_epoch_or_position_is_refused(
 ) -> None:
     ex = SnapshotBackfill(1, [0], key_of, S)
     ex.on_barrier(Barrier(EpochPair(0, fake(1))))
-    first = ex.next_read(1)
+    first = first_read(ex, 1)
     assert first is not None and first.epoch == S
-    ex.on_snapshot_rows(first, [(0, "a")])
+    account_rows(ex, first, [(0, "a")])
     wrong = SnapshotRead(0, read_epoch, after, 5)
     with pytest.raises(ReadProvenanceError):
-        ex.on_read_summary(wrong, 1, (8,))
+        account_summary(ex, wrong, 1, (8,))
     with pytest.raises(ReadProvenanceError):
-        ex.on_batch_summary(SnapshotBatchRead(read_epoch, ((0, after),), 5), {0: (1, (8,))})
+        account_groups(ex, SnapshotBatchRead(read_epoch, ((0, after),), 5), {0: (1, (8,))})
     assert ex.progress[0].current_pos == (0,)

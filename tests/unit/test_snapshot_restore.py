@@ -24,7 +24,7 @@ from backfill_core.changes import Op, RowChange, Version
 from backfill_core.epoch import EpochPair, lag_ms, physical_time
 from backfill_core.executors.messages import Barrier, BarrierKind, Mutation
 from backfill_core.executors.snapshot import Phase, SnapshotBackfill, VnodeState
-from tests.kit.executors import VNODES, in_vnodes, key_of, new_store
+from tests.kit.executors import VNODES, account_rows, first_read, in_vnodes, key_of, new_store
 from tests.kit.rescale import JobFlow, barrier_kind, checkpoints, deal_groups, deals, flow_ops
 from tests.kit.rescale import Upstream as KitUpstream
 from tests.models.snapshot_reference import SnapshotReference
@@ -243,13 +243,13 @@ def test_restores_and_rescales_keep_the_executors_equal_to_the_model(
             consumed = all(a.impl.finished_snapshot for a in actors)
             for a in actors:
                 left = allowance
-                while left > 0 and (read := a.impl.next_read(min(chunk, left))) is not None:
+                while left > 0 and (read := first_read(a.impl, min(chunk, left))) is not None:
                     rows = [
                         r
                         for r in by_vnode.get(read.vnode, [])
                         if read.after is None or key_of(r) > read.after
                     ][: read.limit]
-                    written = a.impl.on_snapshot_rows(read, rows)
+                    written = account_rows(a.impl, read, rows)
                     impl_mv.write(prev, [Version(r) for r in written])
                     left -= len(rows)
                 left = allowance

@@ -20,7 +20,7 @@ from backfill_core.executors.source import (
     split_order,
     split_visible_prefix,
 )
-from tests.kit.executors import ACTOR, epoch
+from tests.kit.executors import ACTOR, account_offsets, account_split_summary, epoch
 
 CACHING_UP = SplitState.SOURCE_CACHING_UP
 
@@ -42,7 +42,7 @@ def _started(
 
 
 def _read(ex: SourceBackfill, max_rows: int = 10) -> OffsetRead:
-    reads = ex.next_reads(max_rows)
+    reads = ex.plan_reads(max_rows)
     assert len(reads) == 1
     return reads[0]
 
@@ -50,7 +50,7 @@ def _read(ex: SourceBackfill, max_rows: int = 10) -> OffsetRead:
 def _at_five(target: int = 5) -> tuple[SourceBackfill, OffsetRead]:
     """Offsets 0..4 backfilled (a full read), and the read planned next, from 5."""
     ex = _started(target)
-    ex.on_backfill_rows(_read(ex, 5), [0, 1, 2, 3, 4])
+    account_offsets(ex, _read(ex, 5), [0, 1, 2, 3, 4])
     read = _read(ex)
     assert (read.start, read.target) == (5, target)
     return ex, read
@@ -87,22 +87,22 @@ def test_no_read_is_accounted_before_the_first_barrier() -> None:
     ex = SourceBackfill(ACTOR, ["0"])
     ex.on_backfill_info({"0": 9})
     with pytest.raises(ValueError):
-        ex.on_backfill_rows(OffsetRead("0", 0, None, 9, 10), [])
+        account_offsets(ex, OffsetRead("0", 0, None, 9, 10), [])
 
 
 def test_a_split_read_to_its_end_is_not_read_again_in_the_epoch() -> None:
     """Kills ``exhausted.add(None)`` and ``not BACKFILLING and read.split in exhausted``."""
     ex = _started()
-    ex.on_backfill_rows(_read(ex), [0, 1])  # 2 of 10: the reader has no more for now
-    assert ex.next_reads(10) == []
+    account_offsets(ex, _read(ex), [0, 1])  # 2 of 10: the reader has no more for now
+    assert ex.plan_reads(10) == []
     with pytest.raises(ValueError):
-        ex.on_backfill_rows(OffsetRead("0", epoch(1), 2, 9, 10), [2])
+        account_offsets(ex, OffsetRead("0", epoch(1), 2, 9, 10), [2])
 
 
 def test_a_read_that_found_nothing_may_end_where_it_started() -> None:
     """Kills ``end <= read.start`` (an empty read from 5 that saw every offset below 5)."""
     ex, read = _at_five(target=9)
-    assert ex.on_backfill_rows(read, [], end=5) == 0
+    assert account_offsets(ex, read, [], end=5) == 0
     assert ex.progress["0"] == SplitProgress(SplitState.BACKFILLING, 4, 5, 9)
 
 
@@ -112,22 +112,22 @@ def test_backfill_offsets_must_ascend_strictly() -> None:
     read = _read(ex)
     for offsets in ([0, 0], [1, 0]):
         with pytest.raises(ValueError):
-            ex.on_backfill_rows(read, offsets)
+            account_offsets(ex, read, offsets)
     assert ex.progress["0"] == SplitProgress(SplitState.BACKFILLING, None, 0, 9)
 
 
 def test_a_budget_of_one_row_is_read() -> None:
     """Kills ``total <= 1`` (10 rows/s over 100 ms: one row)."""
     ex = _started(rate_limit=10)
-    assert ex.next_reads(10) == [OffsetRead("0", epoch(1), None, 9, 1)]
+    assert ex.plan_reads(10) == [OffsetRead("0", epoch(1), None, 9, 1)]
 
 
 def test_the_rows_of_a_call_are_shared_among_splits_the_first_taking_the_rest() -> None:
     """Kills ``share - (...)``, ``(i < extra) and False``, ``2 if i < extra``,
     ``limit <= 1`` and ``return`` for ``break``."""
     ex = _started(splits=("0", "1", "2"))
-    assert [(r.split, r.limit) for r in ex.next_reads(5)] == [("0", 2), ("1", 2), ("2", 1)]
-    assert [(r.split, r.limit) for r in ex.next_reads(2)] == [("0", 1), ("1", 1)]
+    assert [(r.split, r.limit) for r in ex.plan_reads(5)] == [("0", 2), ("1", 2), ("2", 1)]
+    assert [(r.split, r.limit) for r in ex.plan_reads(2)] == [("0", 1), ("1", 1)]
 
 
 def test_an_idle_epochs_budget_carries_over() -> None:
@@ -168,10 +168,10 @@ def test_an_empty_summary_ends_the_split_at_its_target_when_nothing_is_left() ->
     """Kills every change to ``_account(read, on_backfill_end(p, end), 0)`` and
     ``1 <= visible`` / ``0 < visible`` (an empty read refused)."""
     ex = _started(target=4)
-    ex.on_backfill_summary(_read(ex), 0, None, 0, end=5)  # offsets 0..4: markers only
+    account_split_summary(ex, _read(ex), 0, None, 0, end=5)  # offsets 0..4: markers only
     assert ex.progress["0"] == SplitProgress(CACHING_UP, 4, 0, 4)
     assert ex.epoch_rows == 0
-    assert ex.next_reads(10) == []
+    assert ex.plan_reads(10) == []
 
 
 def test_a_summary_with_rows_ends_the_split_where_the_reader_saw_everything() -> None:
@@ -180,8 +180,8 @@ def test_a_summary_with_rows_ends_the_split_where_the_reader_saw_everything() ->
     ex = _started()
     read = _read(ex)
     with pytest.raises(ValueError):
-        ex.on_backfill_summary(read, 3, 2, 3, end=2)
-    ex.on_backfill_summary(read, 3, 2, 3, end=20)  # 3..9 hold no message
+        account_split_summary(ex, read, 3, 2, 3, end=2)
+    account_split_summary(ex, read, 3, 2, 3, end=20)  # 3..9 hold no message
     assert ex.progress["0"] == SplitProgress(CACHING_UP, 9, 3, 9)
 
 
@@ -189,21 +189,21 @@ def test_a_summary_count_must_fit_between_its_start_and_last_offset() -> None:
     """Kills ``(read.start or 0) - count - 1`` and ``+ count - 2``."""
     ex, read = _at_five(target=9)
     with pytest.raises(ValueError):
-        ex.on_backfill_summary(read, 3, 6, 3)  # 3 offsets from 5 end at 7 at least
+        account_split_summary(ex, read, 3, 6, 3)  # 3 offsets from 5 end at 7 at least
 
 
 def test_rows_hidden_after_the_target_are_accounted_up_to_the_last_visible() -> None:
     """Kills ``visible == 1`` for ``== 0``, ``target < last_visible``, ``last_visible <=
     start + visible - 1``, ``+ visible + 1`` and ``last_offset <= ...``."""
     ex, read = _at_five()
-    ex.on_backfill_summary(read, 3, 7, 1, last_visible=5)  # 5 visible, 6 and 7 hidden
+    account_split_summary(ex, read, 3, 7, 1, last_visible=5)  # 5 visible, 6 and 7 hidden
     assert ex.progress["0"] == SplitProgress(CACHING_UP, 5, 8, 5)
 
 
 def test_hidden_rows_from_the_earliest_offset_fit_from_offset_zero() -> None:
     """Kills ``(read.start or 1)``."""
     ex = _started(target=2)
-    ex.on_backfill_summary(_read(ex), 4, 3, 3, last_visible=2)  # 0, 1, 2 visible, 3 hidden
+    account_split_summary(ex, _read(ex), 4, 3, 3, last_visible=2)  # 0, 1, 2 visible, 3 hidden
     assert ex.progress["0"] == SplitProgress(CACHING_UP, 2, 4, 2)
 
 
@@ -225,7 +225,7 @@ def test_a_summary_of_hidden_rows_that_cannot_be_is_refused(
     ``last_visible - count - visible``)."""
     ex, read = _at_five()
     with pytest.raises(ValueError):
-        ex.on_backfill_summary(read, count, last_offset, visible, last_visible=last_visible)
+        account_split_summary(ex, read, count, last_offset, visible, last_visible=last_visible)
     assert ex.progress["0"] == SplitProgress(SplitState.BACKFILLING, 4, 5, 5)
 
 
@@ -233,7 +233,7 @@ def test_hidden_rows_need_a_target() -> None:
     """Kills ``target is None and visible == 0 or ...`` (a TypeError instead)."""
     ex = _started(target=None)
     with pytest.raises(ValueError):
-        ex.on_backfill_summary(_read(ex), 3, 2, 1, last_visible=0)
+        account_split_summary(ex, _read(ex), 3, 2, 1, last_visible=0)
 
 
 # barriers and reports -------------------------------------------------------------------

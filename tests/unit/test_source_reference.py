@@ -39,6 +39,8 @@ from connectors.kafka import backfill_stop
 from tests.kit.executors import (
     ACTOR,
     OTHER_ACTOR,
+    account_offsets,
+    account_split_summary,
     epoch,
     mutations,
     offset_gaps,
@@ -181,7 +183,7 @@ class Side:
         ``silent_ends``: some readers do not say where they got to."""
         i = self.impl.open_epoch
         left = allowance
-        while left > 0 and (reads := self.impl.next_reads(min(chunk, left))):
+        while left > 0 and (reads := self.impl.plan_reads(min(chunk, left))):
             for read in reads:
                 rows, end, mode = self._read(topic, data, read, modes, silent_ends)
                 visible = self._account(read, rows, end, mode)
@@ -217,10 +219,11 @@ class Side:
 
     def _account(self, read: OffsetRead, rows: list[int], end: int | None, mode: str) -> int:
         if mode in ("full", "short"):
-            return self.impl.on_backfill_rows(read, rows, end=end)
+            return account_offsets(self.impl, read, rows, end=end)
         visible = split_visible_prefix(rows, self.impl.progress[read.split])
         hidden = 0 < visible < len(rows)
-        self.impl.on_backfill_summary(
+        account_split_summary(
+            self.impl,
             read,
             len(rows),
             rows[-1] if rows else None,
@@ -538,10 +541,10 @@ def barrier(i: int, **mutation: Any) -> Barrier:
 def read_all(ex: SourceBackfill, topic: dict[str, list[int]]) -> Rows:
     """Read every split as far as the open epoch allows; the rows written now."""
     out: Rows = []
-    while reads := ex.next_reads(100):
+    while reads := ex.plan_reads(100):
         for r in reads:
             rows = [o for o in topic[r.split] if r.start is None or o >= r.start][: r.limit]
-            out += [(r.split, o) for o in rows[: ex.on_backfill_rows(r, rows)]]
+            out += [(r.split, o) for o in rows[: account_offsets(ex, r, rows)]]
     return out
 
 
@@ -566,10 +569,10 @@ def test_the_source_meeting_the_backfilled_offset_finishes_the_split() -> None:
     ex.on_backfill_info({"0": 9})
     ex.on_barrier(barrier(1), [])
     read = OffsetRead("0", epoch(1), None, 9, 3)
-    assert ex.on_backfill_rows(read, [0, 1, 2]) == 3  # Backfilling(2)
+    assert account_offsets(ex, read, [0, 1, 2]) == 3  # Backfilling(2)
     out = ex.on_barrier(barrier(2), [("0", 2), ("0", 3)])  # the source had passed 0, 1
     assert out.emit == [1] and state(ex) == (SplitState.FINISHED, None)
-    assert ex.next_reads(10) == []
+    assert ex.plan_reads(10) == []
 
 
 def test_a_backfill_stopping_where_the_source_already_is_finishes_on_a_quiet_topic() -> None:
@@ -602,8 +605,8 @@ def test_offsets_ending_in_transaction_markers_do_not_hold_the_split_back() -> N
     ex = SourceBackfill(1, ["0"])
     ex.on_backfill_info({"0": 5})  # high watermark 6: messages 0..3, then two markers
     ex.on_barrier(barrier(1), [])
-    (read,) = ex.next_reads(100)
-    assert ex.on_backfill_rows(read, [0, 1, 2, 3], end=6) == 4  # the reader got to 6
+    (read,) = ex.plan_reads(100)
+    assert account_offsets(ex, read, [0, 1, 2, 3], end=6) == 4  # the reader got to 6
     assert state(ex) == (SplitState.SOURCE_CACHING_UP, 5)
     out = ex.on_barrier(barrier(2), [("0", 2), ("0", 3)])  # the source was behind
     assert out.finished and out.emit == []
@@ -613,11 +616,11 @@ def test_offsets_ending_in_transaction_markers_do_not_hold_the_split_back() -> N
     ex = SourceBackfill(1, ["0"])
     ex.on_backfill_info({"0": 5})
     ex.on_barrier(barrier(1), [])
-    (read,) = ex.next_reads(2)
-    ex.on_backfill_rows(read, [0, 1], end=2)
+    (read,) = ex.plan_reads(2)
+    account_offsets(ex, read, [0, 1], end=2)
     assert state(ex) == (SplitState.BACKFILLING, 1)
     with pytest.raises(ValueError, match="cannot end at"):
-        ex.on_backfill_rows(ex.next_reads(2)[0], [2, 3], end=3)
+        account_offsets(ex, ex.plan_reads(2)[0], [2, 3], end=3)
 
 
 def test_a_compacted_offset_makes_the_next_upstream_row_visible() -> None:
@@ -663,14 +666,14 @@ def test_a_split_change_dropping_a_split_trims_its_progress() -> None:
     ex = SourceBackfill(1, ["0", "1", "2"])
     ex.on_backfill_info({"0": 9, "1": 9, "2": 9})
     ex.on_barrier(barrier(1), [])
-    for read in ex.next_reads(6):
-        ex.on_backfill_rows(read, [0, 1])
+    for read in ex.plan_reads(6):
+        account_offsets(ex, read, [0, 1])
     assert ex.total_rows == 6
     # the report closes the epoch the splits were still owned in
     out = ex.on_barrier(barrier(2, splits={"1": ["0"]}), [])
     assert [r["split"] for r in out.progress["splits"]] == ["0", "1", "2"]
     assert set(ex.progress) == {"0"} and ex.total_rows == 2
-    assert [r.split for r in ex.next_reads(6)] == ["0"]
+    assert [r.split for r in ex.plan_reads(6)] == ["0"]
     out = ex.on_barrier(barrier(3), [])
     assert [r["split"] for r in out.progress["splits"]] == ["0"]
     assert sum(r["num_consumed_rows"] for r in out.progress["splits"]) == 2
@@ -687,10 +690,10 @@ def _reading_two_splits() -> tuple[SourceBackfill, OffsetRead]:
     ex = SourceBackfill(1, ["0", "1"])
     ex.on_backfill_info({"0": 9, "1": 9})
     ex.on_barrier(barrier(1), [])
-    for read in ex.next_reads(4):
-        ex.on_backfill_rows(read, [0, 1])
+    for read in ex.plan_reads(4):
+        account_offsets(ex, read, [0, 1])
     ex.on_barrier(barrier(2), [])
-    first = ex.next_reads(4)[0]
+    first = ex.plan_reads(4)[0]
     assert (first.split, first.epoch, first.start, first.target) == ("0", epoch(2), 2, 9)
     return ex, first
 
@@ -710,20 +713,20 @@ def test_a_read_from_another_epoch_or_position_is_refused(stale: dict[str, Any])
     read = replace(planned, **stale)
     before = dict(ex.progress)
     with pytest.raises(ReadProvenanceError):
-        ex.on_backfill_rows(read, [5, 6])
+        account_offsets(ex, read, [5, 6])
     with pytest.raises(ReadProvenanceError):
-        ex.on_backfill_summary(read, 2, 6, 2)
+        account_split_summary(ex, read, 2, 6, 2)
     assert ex.progress == before and ex.epoch_rows == 0
-    assert ex.on_backfill_rows(planned, [2, 3]) == 2  # the read as planned is accounted
+    assert account_offsets(ex, planned, [2, 3]) == 2  # the read as planned is accounted
 
 
 def test_a_read_of_a_split_the_actor_no_longer_owns_is_refused() -> None:
     ex, _ = _reading_two_splits()
-    (read,) = [r for r in ex.next_reads(4) if r.split == "1"]
+    (read,) = [r for r in ex.plan_reads(4) if r.split == "1"]
     ex.on_barrier(barrier(3, splits={"1": ["0"]}), [])
     moved = replace(read, epoch=epoch(3))  # even with the open epoch: no longer its split
     with pytest.raises(ReadProvenanceError):
-        ex.on_backfill_rows(moved, [2, 3])
+        account_offsets(ex, moved, [2, 3])
     with pytest.raises(ReadProvenanceError):
-        ex.on_backfill_summary(moved, 2, 3, 2)
+        account_split_summary(ex, moved, 2, 3, 2)
     assert set(ex.progress) == {"0"} and ex.epoch_rows == 0

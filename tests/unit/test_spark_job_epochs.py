@@ -15,7 +15,7 @@ from backfill_core.executors.arrangement import ArrangementBackfill
 from backfill_core.executors.messages import Barrier, BarrierKind
 from spark_workers.rounds import RoundsJob
 from spark_workers.spark_path import ActorEpochsDiffer, SparkPath, job_epochs
-from tests.kit.executors import epoch, key_of
+from tests.kit.executors import epoch, first_read, key_of
 
 
 def runner(actor_id: int, vnodes: list[int], barriers: int) -> Any:
@@ -45,7 +45,7 @@ def test_the_path_of_one_epoch_plans_one_job_per_pair_of_epochs(
     path = SparkPath("local[1]", "postgresql://nowhere/none")
     behind, ahead, also_behind = runner(1, [0], 1), runner(2, [1, 2], 2), runner(3, [3], 1)
     # each has reads to do, each at its own epochs: one plan cannot serve both
-    assert behind.executor.next_read(10).epoch != ahead.executor.next_read(10).epoch
+    assert first_read(behind.executor, 10).epoch != first_read(ahead.executor, 10).epoch
     with pytest.raises(ActorEpochsDiffer):
         path._run_job([behind, ahead], 1_000)
     assert path.jobs == 0 and path._spark is None  # refused before any Spark job
