@@ -3,8 +3,10 @@ table holding the same rows, in the same run.
 
 Full scan: ``COPY (SELECT * FROM mv.t) TO STDOUT`` vs the same of a plain table made
 from the view's rows (``CREATE TABLE ... AS``, no index), both after VACUUM ANALYZE and a
-warm-up, alternating, median of 3. The versioned table holds one version per key (what
-garbage collection leaves) plus a tenth of the keys updated at a later committed epoch.
+warm-up, alternating, median of 3. The versioned table holds one version per key at a
+first epoch, which garbage collection has passed (``gc.run_gc``, as the service runs it),
+plus a tenth of the keys updated at a later committed epoch it has not reached yet (within
+the retention): the versions the view must check keys against.
 Target: at most 2x (issue 35).
 """
 
@@ -24,6 +26,7 @@ from bench._pg import fresh_database
 from service.catalog.models import MAIN_GRAPH_ID, Graph
 from service.catalog.queries import get_relation, storage_of
 from service.db import raw_cursor
+from service.meta import gc
 from service.usecases import tables
 
 KEYS = ("name", "value", "baseline", "ratio", "target", "unit", "passed", "note")
@@ -81,6 +84,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
                 .where(Graph.id == MAIN_GRAPH_ID)
                 .values(committed_epoch=E2, current_epoch=E2)
             )
+        # the shortest retention: garbage collection passes E1, not E2
+        (done,) = gc.run_gc(db, retention_ms=1)
+        assert done.safe_epoch == E1, done
         conn = psycopg2.connect(db.libpq_url)
         try:
             with conn.cursor() as cur:
@@ -101,8 +107,8 @@ def run(quick: bool) -> list[dict[str, Any]]:
     value, base = statistics.median(view) * 1000, statistics.median(plain) * 1000
     ratio = value / base
     note = (
-        f"{n:,} rows ({n // 10:,} with a second version), COPY of the view vs of a plain "
-        f"table of the same rows, median of {REPEATS}"
+        f"{n:,} rows ({n // 10:,} with a second version above the GC epoch), COPY of the "
+        f"view vs of a plain table of the same rows, median of {REPEATS}"
     )
     figure = ("reader view full scan", round(value), round(base), round(ratio, 3), "<= 2")
     return [dict(zip(KEYS, (*figure, "ms", ratio <= 2, note), strict=True))]

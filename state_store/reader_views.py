@@ -4,8 +4,8 @@
 latest version at or below the committed epoch, tombstones dropped. The committed epoch
 is read inside the view (an expression the caller gives: the store does not know the
 catalog), so versions of epochs not committed yet, which a recovery may roll back, never
-show. The view walks the key index one vnode after the other, as snapshot reads do, so a
-lookup by key probes each vnode's part of the index instead of reading all of it.
+show. The view reads one vnode after the other, so a lookup by key probes each vnode's
+part of the key index instead of reading all of it.
 """
 
 from __future__ import annotations
@@ -28,41 +28,64 @@ def create_reader_schema(cur: Any) -> None:
 
 
 def create_reader_view(
-    cur: Any, name: str, table: VersionedTable, committed: sql.Composable
+    cur: Any,
+    name: str,
+    table: VersionedTable,
+    committed: sql.Composable,
+    gc_epoch: sql.Composable,
 ) -> None:
-    """(Re)create the view ``mv.<name>`` of ``table``; ``committed`` is a scalar SQL expression giving
-    the committed epoch, evaluated once per query (an uncorrelated subquery).
+    """(Re)create the view ``mv.<name>`` of ``table``. ``committed`` and ``gc_epoch`` are
+    scalar SQL expressions giving the committed epoch and the table's garbage-collection
+    epoch, each evaluated once per query (uncorrelated subqueries, read in the query's
+    snapshot with the table's rows).
 
-    The epoch bound is written ``(... <= ...) IS NOT FALSE`` (the same rows: neither side
-    is NULL) so that the planner estimates most versions pass it: a plain ``<=`` against
-    a value it cannot see is estimated to keep a third, and it then reads each vnode by
-    a bitmap scan and sorts it, where walking the key index needs no sort
-    (``bench/bench_reader_view.py``: 2.2x a plain table's scan with the sort, 1.8x
-    without, in a quick run).
+    A version is shown when it is at or below the committed epoch, not a tombstone, and no
+    version of its key in ``(its epoch, committed]`` supersedes it. After garbage
+    collection a key has at most one version at or below the GC epoch (``VersionedTable.gc``
+    deletes the others in the transaction that moves the epoch, and nothing is written at
+    or below it after), so only versions above the GC epoch can supersede one: per vnode
+    they are few, and the check is a hash anti-join against them instead of a sort of the
+    whole vnode (``bench/HISTORY.md``, reader view). A lookup by key probes the key index
+    per vnode on both sides.
+
+    Two bounds are written so that the planner cannot take them for selective (against
+    values it cannot see, a range looks like half a percent of the rows, a bound like a
+    third): the one on the versions shown as ``(... <= ...) IS NOT FALSE`` (the same rows:
+    neither side is NULL), else it reads them through the epoch index; the range
+    ``(gc epoch, committed]`` of the superseding versions as a ``CASE``, else it expects a
+    handful of them per vnode and compares each version with each of them (a nested
+    loop) where it should hash them, which with many versions above the GC epoch (or
+    before the first collection) costs their number times the vnode's.
     """
 
-    # the series' alias starts with "_", which no user's name does: a relation named
-    # like it would hide it inside the subquery
+    # aliases start with "_", which no user's name does: a relation named like one of
+    # them would hide it inside the subqueries
     def ids(names: list[str], prefix: str | None = None) -> sql.Composed:
         return sql.SQL(", ").join(sql.Identifier(*([prefix] if prefix else []), n) for n in names)
 
+    same_key = sql.SQL(" AND ").join(
+        sql.SQL("{} = {}").format(sql.Identifier("_n", c), sql.Identifier("_v", c))
+        for c in [VNODE, *table.pk]
+    )
     q = sql.SQL(
         "CREATE OR REPLACE VIEW {view} AS SELECT {xcols} "
         "FROM generate_series(0, {last}) AS _vnodes(vn) CROSS JOIN LATERAL "
-        "(SELECT DISTINCT ON ({pk}) {cols}, {dl} FROM {t} "
-        "WHERE {vnode} = _vnodes.vn AND ({ep} <= ({committed})) IS NOT FALSE ORDER BY {pk}, {ep} DESC) x "
-        "WHERE NOT x.{dl}"
+        "(SELECT {vcols} FROM {t} _v WHERE _v.{vnode} = _vnodes.vn "
+        "AND (_v.{ep} <= ({committed})) IS NOT FALSE AND NOT _v.{dl} "
+        "AND NOT EXISTS (SELECT FROM {t} _n WHERE {same_key} AND _n.{ep} > _v.{ep} "
+        "AND CASE WHEN _n.{ep} > ({gc_epoch}) THEN _n.{ep} <= ({committed}) ELSE false END)) _x"
     ).format(
         view=reader_view_ident(name),
-        xcols=ids(table.names, "x"),
+        xcols=ids(table.names, "_x"),
         last=sql.Literal(table.schema.vnode_count - 1),
-        pk=ids(table.pk),
-        cols=ids(table.names),
+        vcols=ids(table.names, "_v"),
         dl=sql.Identifier(DELETED),
         t=table.ident,
         vnode=sql.Identifier(VNODE),
         ep=sql.Identifier(EPOCH),
         committed=committed,
+        gc_epoch=gc_epoch,
+        same_key=same_key,
     )
     cur.execute(q)
 

@@ -13,7 +13,7 @@ from alembic import op
 from sqlalchemy import text
 
 from backfill_core.schema import TableSchema
-from service.catalog.reader_views import committed_epoch_sql
+from service.catalog.reader_views import committed_epoch_sql, gc_epoch_sql
 from state_store.reader_views import READER_SCHEMA, create_reader_schema, create_reader_view
 from state_store.versioned import VersionedTable
 
@@ -32,7 +32,7 @@ def upgrade() -> None:
         if isinstance(schema, str):
             schema = json.loads(schema)
         table = VersionedTable(storage_table, TableSchema.from_json(schema))
-        create_reader_view(cur, name, table, committed_epoch_sql(rel_id))
+        create_reader_view(cur, name, table, committed_epoch_sql(rel_id), gc_epoch_sql(rel_id))
 
 
 def downgrade() -> None:

@@ -1,7 +1,8 @@
 """A relation's SQL view for other services (``docs/reading.md``), created and dropped in
 the transaction that creates or drops the relation. The view reads the committed epoch
-of the relation's graph from the catalog each time it is queried (an MV's graph changes
-when its snapshot backfill merges into the main graph)."""
+of the relation's graph and the relation's garbage-collection epoch from the catalog each
+time it is queried (an MV's graph changes when its snapshot backfill merges into the main
+graph)."""
 
 from __future__ import annotations
 
@@ -30,8 +31,16 @@ def committed_epoch_sql(relation_id: int) -> sql.Composed:
     )
 
 
+def gc_epoch_sql(relation_id: int) -> sql.Composed:
+    return sql.SQL("SELECT r.gc_epoch FROM {relations} r WHERE r.id = {id}").format(
+        relations=sql.Identifier(Relation.__tablename__), id=sql.Literal(relation_id)
+    )
+
+
 def create_view_of(cur: Any, rel: Relation) -> None:
-    create_reader_view(cur, rel.name, storage_of(rel), committed_epoch_sql(rel.id))
+    create_reader_view(
+        cur, rel.name, storage_of(rel), committed_epoch_sql(rel.id), gc_epoch_sql(rel.id)
+    )
 
 
 def drop_view_of(cur: Any, rel: Relation) -> None:

@@ -16,12 +16,15 @@ from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from backfill_core.changes import Version
-from backfill_core.schema import TableSchema
+from backfill_core.epoch import EPOCH_PHYSICAL_SHIFT
+from backfill_core.schema import Column, ColumnType, TableSchema
 from service import cli, migrate
-from service.catalog.models import Worker
+from service.catalog.models import MAIN_GRAPH_ID, Graph, Relation, Worker
 from service.catalog.queries import get_relation, storage_of
 from service.db import Database, raw_cursor
+from service.meta import gc
 from service.meta.loop import MetaLoop
+from service.usecases import tables
 from tests.integration.test_tables_api import create, dml, ins
 from tests.kit.meta import FakeWorker, barriers_of, committed_epoch, make_job
 
@@ -121,6 +124,102 @@ def test_the_view_is_the_committed_snapshot_while_writing_and_across_a_recovery(
     assert barriers_of(db)[-1].kind == "initial"
     assert view_rows(db, "j_mv") == before
     assert_view_is_committed_snapshot(client, db, "j_mv")
+
+
+def _e(n: int) -> int:
+    return n << EPOCH_PHYSICAL_SHIFT
+
+
+@pytest.mark.parametrize("composite", [False, True])
+def test_the_view_shows_no_superseded_deleted_or_uncommitted_version_around_the_gc_epoch(
+    db: Database, composite: bool
+) -> None:
+    """The view leaves to garbage collection the versions at or below its epoch and checks
+    keys only against the versions above it: keys updated, deleted, re-inserted and
+    updated twice above the GC epoch, and versions above the committed epoch (which a
+    recovery rolls back), never show a superseded or uncommitted row."""
+    cols = [Column("id", ColumnType.BIGINT), Column("v", ColumnType.TEXT)]
+    pk = ["id"]
+    if composite:
+        cols.insert(1, Column("part", ColumnType.TEXT))
+        pk = ["id", "part"]
+    schema = TableSchema.build(cols, pk)
+    tables.create_table(db, "gct", schema)
+
+    def row(k: int, v: str | None) -> tuple[Any, ...]:
+        return (k, f"p{k % 3}", v) if composite else (k, v)
+
+    def write(epoch: int, puts: dict[int, str], deletes: range | list[int] = ()) -> None:
+        with db.transaction() as s:
+            cur = raw_cursor(s)
+            table = storage_of(get_relation(s, "gct"))
+            versions = [Version(row(k, v)) for k, v in puts.items()]
+            versions += [Version(row(k, None), deleted=True) for k in deletes]
+            table.write(cur, _e(epoch), versions)
+
+    def set_committed(epoch: int) -> None:
+        with db.transaction() as s:
+            s.execute(
+                update(Graph)
+                .where(Graph.id == MAIN_GRAPH_ID)
+                .values(committed_epoch=_e(epoch), current_epoch=_e(epoch))
+            )
+
+    def shown(where: str = "") -> dict[int, str]:
+        with db.transaction() as s:
+            cur = raw_cursor(s)
+            cur.execute(f"SELECT id, v FROM mv.gct {where}")
+            got = cur.fetchall()
+        out = dict(got)
+        assert len(out) == len(got), got  # one row per key
+        return out
+
+    # below the GC epoch: keys 0-39, 0-9 updated, 10-14 deleted, 0-4 updated again
+    write(1, {k: "a" for k in range(40)})
+    write(2, {k: "b" for k in range(10)}, range(10, 15))
+    write(3, {k: "c" for k in range(5)})
+    set_committed(5)
+    (done,) = gc.run_gc(db, retention_ms=2)  # committed - 2 ms: epoch 3
+    assert done.safe_epoch == _e(3) and done.removed_versions == 10 + 5 + 10
+    # above it and committed: updates, deletes, a key updated twice, a key updated then
+    # deleted, a new key and a key deleted below the GC epoch inserted again
+    write(4, {**{k: "d" for k in range(20, 25)}, 0: "d", 1: "d", 100: "d"}, range(25, 30))
+    write(5, {0: "e", 10: "f"}, [1])
+    # above the committed epoch: not shown, and rolled back by a recovery
+    write(6, {2: "x", 200: "x", 30: "x"}, [3, 20])
+    write(7, {0: "y", 3: "y"}, [21])
+    expected = {
+        **{k: "a" for k in range(15, 40)},
+        **{k: "b" for k in range(5, 10)},
+        **{k: "c" for k in range(2, 5)},
+        **{k: "d" for k in range(20, 25)},
+        0: "e",
+        10: "f",
+        100: "d",
+    }
+    for k in range(25, 30):
+        del expected[k]
+    with db.transaction() as s:
+        assert s.get(Relation, get_relation(s, "gct").id).gc_epoch == _e(3)
+        table = storage_of(get_relation(s, "gct"))
+        snap = table.snapshot(raw_cursor(s), _e(5), (0, schema.vnode_count))
+    assert {r[0]: r[-1] for _, r in snap} == expected  # the store's own snapshot read
+    assert shown() == expected
+    for k in (0, 1, 2, 3, 10, 12, 20, 21, 25, 30, 100, 200):
+        assert shown(f"WHERE id = {k}") == ({k: expected[k]} if k in expected else {}), k
+    with db.transaction() as s:
+        storage_of(get_relation(s, "gct")).rollback(raw_cursor(s), _e(5))
+    assert shown() == expected
+    # the committed epoch moves on: what was above it shows, superseding what it updates
+    write(6, {2: "x", 200: "x", 30: "x"}, [3, 20])
+    set_committed(6)
+    expected.update({2: "x", 200: "x", 30: "x"})
+    del expected[3], expected[20]
+    assert shown() == expected
+    # garbage collection passes all of it: the same rows, with nothing above its epoch
+    (done,) = gc.run_gc(db, retention_ms=0)
+    assert done.safe_epoch == _e(6)
+    assert shown() == expected
 
 
 def test_tables_and_views_get_their_sql_view_and_lose_it_when_dropped(
