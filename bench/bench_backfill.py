@@ -1,5 +1,5 @@
-"""MV creation: a whole arrangement backfill of N rows (2M; 200k with ``--quick``)
-through the real control plane and a real worker (Spark data path), against
+"""MV creation: a whole arrangement backfill of N rows (2M; 200k with ``--quick``), and
+one of the default kind (no kind named: the snapshot backfill), through the real control plane and a real worker (Spark data path), against
 ``INSERT INTO ... SELECT`` of the same rows into a plain table with the same primary
 key, in the same run on the same server; and against a plain PySpark copy job of the
 same rows into such a table (``bench/_plain_copy.py``: what a user would run without the
@@ -160,30 +160,42 @@ def _create_mvs(
     n: int,
     rounds: int,
     between: Callable[[], None] | None = None,
+    default_kind: list[float] | None = None,
 ) -> list[tuple[float, float | None]]:
     """``rounds`` MVs created one after the other by one control plane and worker:
     seconds until each is created, and until its epoch index is built. ``between`` runs
-    before every round but the first."""
+    before every round but the first. With ``default_kind``, each round also creates the
+    MV without naming a kind (``auto``: the snapshot backfill) and adds its seconds there."""
     out = []
+    kinds = ["arrangement", *(["auto"] if default_kind is not None else [])]
     with live_worker(db, url, interval_ms, f"bench-{interval_ms}") as (http, worker):
         for i in range(rounds):
             if between is not None and i > 0:
                 between()
-            job = {
-                "name": f"mv_{interval_ms}_{i}",
-                "upstream": {"table": "orders"},
-                "columns": ["id", "amount", "note"],
-                "backfill": "arrangement",
-                "parallelism": PARALLELISM,
-            }
-            checkpoint(db)  # the previous run's writes (and its drop) are flushed first
-            out.append(time_until_indexed(http, db, job, n))
-            spark = worker.spark
-            assert spark is not None and spark.jobs + spark.rounds_jobs > 0, "Spark was not used"
-            # gone before the next run, and before the next control plane, which would
-            # otherwise start by recovering this job's actors onto its own worker
-            for job_view in http.get("/v1/jobs").json()["jobs"]:
-                assert http.delete(f"/v1/jobs/{job_view['id']}").status_code in (200, 202, 204)
+            for kind in kinds:
+                job: dict[str, Any] = {
+                    "name": f"mv_{interval_ms}_{kind}_{i}",
+                    "upstream": {"table": "orders"},
+                    "columns": ["id", "amount", "note"],
+                    "parallelism": PARALLELISM,
+                }
+                if kind != "auto":
+                    job["backfill"] = kind
+                checkpoint(db)  # the previous run's writes (and its drop) are flushed first
+                if kind == "auto" and default_kind is not None:
+                    default_kind.append(time_until_indexed(http, None, job, n)[0])
+                else:
+                    out.append(time_until_indexed(http, db, job, n))
+                spark = worker.spark
+                assert spark is not None and spark.jobs + spark.rounds_jobs > 0, "no Spark"
+                # gone before the next run, and before the next control plane, which would
+                # otherwise start by recovering this job's actors onto its own worker
+                for job_view in http.get("/v1/jobs").json()["jobs"]:
+                    assert http.delete(f"/v1/jobs/{job_view['id']}").status_code in (
+                        200,
+                        202,
+                        204,
+                    )
     return out
 
 
@@ -198,8 +210,15 @@ def run(quick: bool) -> list[dict[str, Any]]:
     rounds = 1 if quick else ROUNDS
     with fresh_database() as (url, db):
         baselines = [load_and_insert_select(db, url, n)]
+        default_1000: list[float] = []
         runs_1000 = _create_mvs(
-            db, url, 1000, n, rounds, lambda: baselines.append(_baseline_again(db, url))
+            db,
+            url,
+            1000,
+            n,
+            rounds,
+            lambda: baselines.append(_baseline_again(db, url)),
+            default_kind=default_1000,
         )
         runs_200 = _create_mvs(db, url, 200, n, rounds)
         checkpoint(db)
@@ -217,7 +236,30 @@ def run(quick: bool) -> list[dict[str, Any]]:
         else ""
     )
     note = f"{n:,} rows, {PARALLELISM} actors, one worker (Spark local[*])"
+    t_default = statistics.median(default_1000)
+    default_listed = f" (medians of {rounds}: {_listed(default_1000)} s)" if rounds > 1 else ""
     return [
+        {
+            "name": "MV creation, default kind (snapshot) vs INSERT ... SELECT",
+            "value": round(t_default, 2),
+            "baseline": round(baseline, 2),
+            "ratio": round(t_default / baseline, 2),
+            "target": "<= 1.5",
+            "unit": "s",
+            "passed": t_default / baseline <= 1.5,
+            "note": note + ", no kind named (auto), barrier interval 1000 ms" + default_listed,
+        },
+        {
+            "name": "MV creation, default kind vs arrangement",
+            "value": round(t_default, 2),
+            "baseline": round(t1000, 2),
+            "ratio": round(t_default / t1000, 2),
+            "target": "<= 1.2",
+            "unit": "s",
+            "passed": t_default / t1000 <= 1.2,
+            "note": note + ", barrier interval 1000 ms, each round creating both one after "
+            "the other",
+        },
         {
             "name": "MV creation vs INSERT ... SELECT",
             "value": round(t1000, 2),

@@ -45,11 +45,12 @@ _RELEASE = "UPDATE work_queues SET read_epoch = %s, write_epoch = %s WHERE token
 
 
 def rounds_eligible(runner: ActorRunner) -> bool:
-    """Whether the actor's snapshot reads can run as rounds: a table backfill whose view
-    runs inside Postgres, unthrottled (a throttled one reads its budget per epoch)."""
+    """Whether the actor's snapshot reads can run as rounds: a table backfill (the snapshot
+    backfill's phase 1 too: its rounds read at its snapshot epoch, write at its fake epochs)
+    whose view runs inside Postgres, unthrottled (a throttled one reads its budget per epoch)."""
     ex = runner.executor
     return (
-        runner.kind in ("arrangement", "chain")
+        runner.kind in ("arrangement", "chain", "snapshot")
         and runner.pushed_where is not None
         and ex.budget is None
         and not ex.paused

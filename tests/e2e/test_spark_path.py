@@ -107,14 +107,17 @@ def test_every_type_round_trips_through_spark(
     v = http.get(f"/v1/jobs/{job}/verify").json()
     assert v["equal"], v
     assert v["mv_rows"] > 1_000
-    # a snapshot backfill ("auto"): jobs of one epoch each, never one spanning epochs
-    assert worker.spark is not None and worker.spark.jobs >= 2  # several epochs went through Spark
-    assert worker.spark.rounds_jobs == 0
+    assert worker.spark is not None
     if pushed_down:
+        # a snapshot backfill ("auto") whose view runs in Postgres: a Spark job spanning
+        # epochs (how many epochs its rounds took depends on the machine's speed)
+        assert worker.spark.rounds_jobs >= 1 and worker.spark.round_epochs >= 1
         assert worker.spark.pushdown_jobs == worker.spark.jobs
         with db.engine.connect() as conn:  # each job's work queue went with it
             assert conn.exec_driver_sql("SELECT count(*) FROM work_queues").scalar() == 0
     else:
+        # the rows move: jobs of one epoch each, never one spanning epochs
+        assert worker.spark.jobs >= 2 and worker.spark.rounds_jobs == 0
         assert worker.spark.pushdown_jobs == 0
     rows = http.get("/v1/tables/cheap_things/rows", params={"limit": 1_000}).json()["rows"]
     one = next(r for r in rows if r["id"] == 1)
