@@ -146,7 +146,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # in C what asyncio and h11 do in Python on the thread that answers every request:
     # the GIL it holds is what the request threads and the barrier loop wait for
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(_serve(settings))
+        try:
+            runner.run(_serve(settings))
+        except KeyboardInterrupt:
+            # Ctrl-C: uvicorn shut down (worker first) and re-raised SIGINT, which the
+            # runner turns into this; the shutdown is over, nothing went wrong
+            pass
     return 0
 
 

@@ -123,13 +123,15 @@ def test_serve_on_the_embedded_default_prints_its_url_and_answers(tmp_path: Path
     assert proc.returncode == 0
 
 
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl_c_to_the_group"])
 def test_a_healthy_start_recovers_nothing_and_sigterm_stops_worker_then_server(
-    tmp_path: Path,
+    tmp_path: Path, ctrl_c: bool
 ) -> None:
     """The embedded worker starts with the server, before any job: a job created at once
     after start-up is placed on it (waiting for it to register if need be) instead of
-    recovering for want of a worker. SIGTERM stops that worker first, then the server,
-    with no error logged by either."""
+    recovering for want of a worker. SIGTERM (or Ctrl-C in a terminal: SIGINT to the
+    whole process group, the worker included) stops that worker first, then the server,
+    with no error logged by either and exit code 0."""
     from tests.kit.auth import http_client
 
     log = tmp_path / "serve.log"
@@ -140,6 +142,7 @@ def test_a_healthy_start_recovers_nothing_and_sigterm_stops_worker_then_server(
             stderr=out,
             text=True,
             env=_embedded_env() | {"BACKFILL_SPARK_MODE": "never", "BACKFILL_LOG_FORMAT": "json"},
+            start_new_session=ctrl_c,
         )
         try:
             url = _ready_url(proc)
@@ -160,7 +163,10 @@ def test_a_healthy_start_recovers_nothing_and_sigterm_stops_worker_then_server(
                     assert p["recent_recoveries"] == [], p
                     assert (p["rows"], p["total_estimate"]) == (1_000, 1_000), p
         finally:
-            proc.send_signal(signal.SIGTERM)
+            if ctrl_c:
+                os.killpg(proc.pid, signal.SIGINT)
+            else:
+                proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
     assert proc.returncode == 0
     text = log.read_text()
