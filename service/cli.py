@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -145,13 +146,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # uvloop's event loop (and httptools' parser, which uvicorn picks when installed) do
     # in C what asyncio and h11 do in Python on the thread that answers every request:
     # the GIL it holds is what the request threads and the barrier loop wait for
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        try:
-            runner.run(_serve(settings))
-        except KeyboardInterrupt:
-            # Ctrl-C: uvicorn shut down (worker first) and re-raised SIGINT, which the
-            # runner turns into this; the shutdown is over, nothing went wrong
-            pass
+    # Ctrl-C: uvicorn shuts down (worker first), then re-raises SIGINT, which the runner
+    # turns into KeyboardInterrupt; the shutdown is over, nothing went wrong
+    with (
+        contextlib.suppress(KeyboardInterrupt),
+        asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner,
+    ):
+        runner.run(_serve(settings))
     return 0
 
 
@@ -169,7 +170,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     require_java()
     from spark_workers.main import run_worker
 
-    return run_worker(args.control_plane, name=args.name, capacity=args.capacity, settings=settings)
+    return run_worker(
+        args.control_plane,
+        name=args.name,
+        capacity=args.capacity,
+        settings=settings,
+        parent_pid=args.parent_pid,
+    )
 
 
 def cmd_db(args: argparse.Namespace) -> int:
@@ -312,6 +319,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=64,
         help="how many actors the control plane may place on this worker (default: 64)",
+    )
+    w.add_argument(
+        "--parent-pid",
+        type=positive_int,
+        default=None,
+        metavar="PID",
+        help="stop once process PID, which started this one, exits (the worker `serve` starts)",
     )
     w.set_defaults(func=cmd_worker)
 

@@ -521,10 +521,29 @@ def run_worker(
     name: str | None = None,
     capacity: int = 64,
     settings: WorkerSettings | None = None,
+    parent_pid: int | None = None,
 ) -> int:
     import signal
 
     worker = Worker(control_plane_url, name, capacity=capacity, settings=settings)
     signal.signal(signal.SIGTERM, lambda *_: worker.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stop_event.set())
+    if parent_pid is not None:
+        threading.Thread(
+            target=_stop_when_orphaned,
+            args=(parent_pid, worker.stop_event),
+            name="parent",
+            daemon=True,
+        ).start()
     return worker.run()
+
+
+def _stop_when_orphaned(parent: int, stop_event: threading.Event) -> None:
+    """Stop once ``parent`` is gone (this process was handed to another parent, maybe
+    before this thread started): the server that started it was killed without a chance
+    to stop it."""
+    while not stop_event.is_set():
+        if os.getppid() != parent:
+            log.warning("the process that started this worker exited: stopping")
+            stop_event.set()
+        stop_event.wait(1.0)

@@ -37,6 +37,9 @@ class EmbeddedWorkerSpawner:
             url,
             "--name",
             "embedded",
+            # a server killed outright (kill -9, OOM) leaves no orphan polling for it
+            "--parent-pid",
+            str(os.getpid()),
         ]
         log.info("starting an embedded worker: %s", " ".join(cmd))
         env = {k: v for k, v in os.environ.items() if k.upper() not in OTHER_TOKENS}

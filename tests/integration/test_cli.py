@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.kit.e2e import wait_for
+
 BACKFILL = str(Path(sys.executable).parent / "backfill")
 
 
@@ -179,6 +181,39 @@ def test_a_healthy_start_recovers_nothing_and_sigterm_stops_worker_then_server(
     assert any(
         ln.get("worker_id") == registered["worker_id"] and ln is not registered for ln in lines
     ), "no other line of the worker carries its id"
+
+
+def test_the_embedded_worker_of_a_killed_server_stops(tmp_path: Path) -> None:
+    """``serve`` killed outright (kill -9, the OOM killer) cannot stop its worker: the
+    worker notices that its parent is gone and stops, leaving no orphan behind."""
+    import psutil
+
+    proc = subprocess.Popen(
+        [BACKFILL, "serve", "--port", "0", "--data-dir", str(tmp_path / "data")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=_embedded_env() | {"BACKFILL_SPARK_MODE": "never"},
+    )
+    try:
+        _ready_url(proc)
+        server = psutil.Process(proc.pid)
+
+        def worker() -> psutil.Process | None:
+            kids = [p for p in server.children() if "service.cli worker" in " ".join(p.cmdline())]
+            return kids[0] if kids else None
+
+        wait_for(lambda: worker() is not None, timeout=60, what="the embedded worker")
+        orphan = worker()
+        assert orphan is not None
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    try:
+        orphan.wait(timeout=60)
+    except psutil.TimeoutExpired:
+        orphan.kill()
+        raise AssertionError("the worker outlived its server") from None
 
 
 def _ready_url(proc: subprocess.Popen[str]) -> str:
