@@ -6,13 +6,16 @@ graph)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from psycopg2 import sql
 
+from backfill_core.schema import TableSchema
 from service.catalog.models import Graph, Relation
 from service.catalog.queries import storage_of
 from state_store.reader_views import READER_SCHEMA, create_reader_view, drop_reader_view
+from state_store.versioned import VersionedTable
 
 
 def sql_name(rel: Relation) -> str:
@@ -45,3 +48,13 @@ def create_view_of(cur: Any, rel: Relation) -> None:
 
 def drop_view_of(cur: Any, rel: Relation) -> None:
     drop_reader_view(cur, rel.name)
+
+
+def recreate_all_views(cur: Any) -> None:
+    """(Re)create every relation's view with the current definition (migrations)."""
+    cur.execute(f"SELECT id, name, storage_table, schema FROM {Relation.__tablename__}")
+    for rel_id, name, storage_table, schema in cur.fetchall():
+        if isinstance(schema, str):
+            schema = json.loads(schema)
+        table = VersionedTable(storage_table, TableSchema.from_json(schema))
+        create_reader_view(cur, name, table, committed_epoch_sql(rel_id), gc_epoch_sql(rel_id))
