@@ -229,9 +229,10 @@ class Verification(BaseModel):
     unexpected: list[dict[str, Any]] = Field(description="a sample of the rows it should not have")
 
 
-def _view(ctx: ServiceContext, job: Job) -> JobView:
-    names = jobs.relation_names(ctx.db, job)
-    graph = jobs.graph_of(ctx.db, job)
+def _view(ctx: ServiceContext, job: Job, facts: jobs.JobFacts | None = None) -> JobView:
+    if facts is None:
+        facts = jobs.facts_of(ctx.db, [job])[job.id]
+    names, graph = facts.names, facts.graph
     return JobView(
         id=job.id,
         name=job.name,
@@ -250,7 +251,7 @@ def _view(ctx: ServiceContext, job: Job) -> JobView:
         finished_epoch=job.finished_epoch,
         snapshot_epoch=job.snapshot_epoch,
         recovering=graph.state == "recovering",
-        waiting_for_worker=jobs.waiting_for_worker(ctx.db, job),
+        waiting_for_worker=facts.waiting_for_worker,
         recoveries=graph.recovery_seq,
         recovery_reason=graph.recovery_reason,
         error=job.error,
@@ -314,7 +315,10 @@ def list_jobs(
     page = jobs.list_jobs(ctx.db, state, after, limit + 1, newest_first=order == "desc")
     more = len(page) > limit
     page = page[:limit]
-    body = JobList(jobs=[_view(ctx, j) for j in page], next=page[-1].id if more else None)
+    facts = jobs.facts_of(ctx.db, page)
+    body = JobList(
+        jobs=[_view(ctx, j, facts[j.id]) for j in page], next=page[-1].id if more else None
+    )
     return conditional(request, body)
 
 

@@ -4,6 +4,8 @@ epoch. No rules of the use cases here (``docs/architecture.md#layout-and-layers`
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlalchemy import func, select, text
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.orm import Session
@@ -125,8 +127,15 @@ def fold_row_counts(session: Session, relation_id: int, epoch: int) -> None:
 
 
 def waiting_for_worker(session: Session, job_id: int) -> bool:
-    return bool(
-        session.execute(
-            text(f"SELECT {WAITING_FOR_WORKER_SQL} FROM jobs j WHERE j.id = :job"), {"job": job_id}
-        ).scalar()
+    return job_id in jobs_waiting_for_worker(session, [job_id])
+
+
+def jobs_waiting_for_worker(session: Session, job_ids: Sequence[int]) -> set[int]:
+    """Those of ``job_ids`` with an actor that no live worker runs (one query)."""
+    if not job_ids:
+        return set()
+    rows = session.execute(
+        text(f"SELECT j.id FROM jobs j WHERE j.id = ANY(:jobs) AND {WAITING_FOR_WORKER_SQL}"),
+        {"jobs": list(job_ids)},
     )
+    return {int(r[0]) for r in rows}

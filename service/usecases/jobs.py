@@ -329,23 +329,44 @@ class JobNames:
     mv: str | None
 
 
-def relation_names(db: Database, job: Job) -> JobNames:
-    with db.transaction() as s:
-        up = s.get(Relation, job.upstream_relation_id) if job.upstream_relation_id else None
-        src = s.get(Source, job.upstream_source_id) if job.upstream_source_id else None
-        mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
-        return JobNames(up.name if up else None, src.name if src else None, mv.name if mv else None)
+@dataclass(frozen=True)
+class JobFacts:
+    """What a job's view shows besides the job's own row."""
+
+    names: JobNames
+    graph: Graph
+    waiting_for_worker: bool
 
 
-def graph_of(db: Database, job: Job) -> Graph:
-    """The job's graph now (a snapshot backfill may have merged since ``job`` was read)."""
+def facts_of(db: Database, page: Sequence[Job]) -> dict[int, JobFacts]:
+    """``JobFacts`` of a page of jobs, in four queries whatever its size (the graphs are
+    read now: a snapshot backfill may have merged since its job was read)."""
+    ids = [j.id for j in page]
     with db.transaction() as s:
-        graph = s.execute(
-            select(Graph).join(Job, Job.graph_id == Graph.id).where(Job.id == job.id)
-        ).scalar_one_or_none()
-        if graph is None:
-            raise NotFound(f"job {job.id} does not exist", {"job_id": job.id})
-        return graph
+        rel_ids = {r for j in page for r in (j.upstream_relation_id, j.mv_relation_id) if r}
+        src_ids = {j.upstream_source_id for j in page if j.upstream_source_id}
+        # (a Result has keys(): dict() would take it for a mapping)
+        rels = dict(
+            s.execute(select(Relation.id, Relation.name).where(Relation.id.in_(rel_ids))).all()
+        )
+        srcs = dict(s.execute(select(Source.id, Source.name).where(Source.id.in_(src_ids))).all())
+        graphs = dict(
+            s.execute(
+                select(Job.id, Graph).join(Graph, Job.graph_id == Graph.id).where(Job.id.in_(ids))
+            ).all()
+        )
+        waiting = queries.jobs_waiting_for_worker(s, ids)
+    facts = {}
+    for j in page:
+        if j.id not in graphs:
+            raise NotFound(f"job {j.id} does not exist", {"job_id": j.id})
+        names = JobNames(
+            rels.get(j.upstream_relation_id) if j.upstream_relation_id else None,
+            srcs.get(j.upstream_source_id) if j.upstream_source_id else None,
+            rels.get(j.mv_relation_id) if j.mv_relation_id else None,
+        )
+        facts[j.id] = JobFacts(names, graphs[j.id], j.id in waiting)
+    return facts
 
 
 def _upstream_rows(s: Session, up: Relation | None, kind: str) -> int:

@@ -161,3 +161,38 @@ def test_api_calls_and_the_barrier_commit_never_deadlock(
 def _scalar(db: Database, sql: str, **params: Any) -> Any:
     with db.engine.connect() as conn:
         return conn.execute(text(sql), params).scalar_one()
+
+
+def test_a_page_of_jobs_costs_the_same_queries_whatever_its_size(
+    db: Database, fresh_db_url: str
+) -> None:
+    """The list reads each job's names, graph and workers for the whole page at once,
+    not once per job (``jobs.facts_of``). No barrier loop runs: every statement counted
+    is the request's."""
+    from sqlalchemy import event
+
+    from tests.kit.meta import make_job, manual_api
+
+    statements: list[str] = []
+
+    def count(_conn: Any, _cur: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    with manual_api(db, fresh_db_url) as (client, _):
+
+        def listed(n: int) -> int:
+            statements.clear()
+            event.listen(db.engine, "before_cursor_execute", count)
+            try:
+                page = client.get("/v1/jobs", params={"limit": 100}).json()["jobs"]
+            finally:
+                event.remove(db.engine, "before_cursor_execute", count)
+            assert len(page) == n and all(j["mv_table"] for j in page)
+            return len(statements)
+
+        make_job(db, "first", parallelism=1)
+        listed(1)  # the first request also reads what the app caches (tokens, settings)
+        one = listed(1)
+        for i in range(6):
+            make_job(db, f"more_{i}", parallelism=1)
+        assert listed(7) == one
