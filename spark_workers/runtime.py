@@ -1,9 +1,11 @@
 """The worker process loop: register, heartbeat, poll barriers, run actors, collect.
 
-Between barriers the actors read their snapshots in chunks and write the rows at the
-open epoch; after every chunk the worker checks (a non-blocking poll) whether the next
-barrier is there, so barriers are never held up by snapshot reading, as in the seeds
-where the upstream side is always preferred.
+Each step: poll, let the read strategies reach the barrier, hand the barriers to the
+executors, let the strategies go on, collect. Between barriers the actors' read
+strategies (``spark_workers.reads``, chosen per actor there) read and write the rows at
+the open epoch; after every round of reads the worker checks (a non-blocking poll)
+whether the next barrier is there, so barriers are never held up by snapshot reading,
+as in the seeds where the upstream side is always preferred.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -25,22 +27,21 @@ from spark_workers.actors import ActorFailed, ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.exports import ExportRunner
 from spark_workers.log_ids import forget_log_labels, label_log_records
-from spark_workers.rounds import RoundsJob, rounds_eligible
+from spark_workers.reads import Strategies
+from spark_workers.rounds import RoundsJob
 from spark_workers.settings import WorkerSettings, load_worker_settings
 from spark_workers.source_actor import SourceRunner
-from spark_workers.spark_path import SparkPath, round_rows
+from spark_workers.spark_path import SparkPath
 from state_store.options import worker_dsn
 
 log = logging.getLogger(__name__)
-
-CHUNK_ROWS = 5_000
 
 
 # the store or the control plane away: no fault of the job whose work met it
 _NOT_THE_JOBS = (psycopg2.OperationalError, psycopg2.InterfaceError, httpx.HTTPError, Fenced)
 
 
-def _cause(runners: list[ActorRunner | SourceRunner], error: Exception) -> Exception:
+def _cause(runners: Sequence[ActorRunner | SourceRunner], error: Exception) -> Exception:
     """``error`` as an ``ActorFailed`` when the runners are one job's and the error is
     the job's own."""
     if isinstance(error, (*_NOT_THE_JOBS, ProtocolError, ActorFailed)):
@@ -71,18 +72,28 @@ class Worker:
         self.conn: Any = None
         self.lease_ms = 10_000
         self.must_register = True
-        self.driver_pushdowns = 0  # driver reads that ran inside Postgres
         self.barrier_wanted = False  # actors read all they had: the next poll asks for it
-        self.rounds: RoundsJob | None = None  # a Spark job spanning epochs, if one runs
+        # how the actors' reads move, chosen per actor (``spark_workers.reads``)
+        self.reads = Strategies(self)
         # exports run on a thread of their own, as Spark jobs beside the actors' work
         self.exports = ExportRunner(self.client, lambda: self.spark, self.stop_event)
+
+    @property
+    def rounds(self) -> RoundsJob | None:
+        """The Spark job spanning epochs, if one runs."""
+        return self.reads.spanning.job
+
+    @property
+    def driver_pushdowns(self) -> int:
+        """Driver reads that ran inside Postgres."""
+        return self.reads.driver.pushdowns
 
     # lifecycle --------------------------------------------------------------
 
     def _register(self) -> None:
         reg = self.client.register(self.name, self.capacity)
         self.lease_ms = reg.lease_ms
-        self._end_rounds(account=False)
+        self._stop_reads()
         if self.conn is not None:
             self.conn.close()
         self.conn = psycopg2.connect(worker_dsn(reg.database_url))
@@ -177,16 +188,21 @@ class Worker:
         wait for the recovery's initial barrier. Not a failure: reporting one would only
         recover the graph again, and again."""
         log.info("dropping the actors of graph %s: %s", graph_id, why)
-        if self.rounds is not None and self.rounds.runners[0].graph_id == graph_id:
-            self._end_rounds(account=False)
+        for strategy in self.reads.all:
+            strategy.supersede(graph_id)
         if self.conn is not None:
             self.conn.rollback()
         for actor_id, runner in list(self.runners.items()):
             if runner.graph_id == graph_id:
                 del self.runners[actor_id]
 
+    def _stop_reads(self) -> None:
+        """End every read under way, unaccounted."""
+        for strategy in self.reads.all:
+            strategy.stop(account=False)
+
     def _fail(self, message: str, cause_actor_id: int | None = None, fatal: bool = False) -> None:
-        self._end_rounds(account=False)
+        self._stop_reads()
         self.runners.clear()
         if self.conn is not None:
             try:
@@ -202,7 +218,7 @@ class Worker:
             self.must_register = True  # a new connection comes with the registration
 
     def _shutdown(self) -> None:
-        self._end_rounds(account=False)
+        self._stop_reads()
         try:
             self.client.deregister()
         except Exception as e:
@@ -222,14 +238,15 @@ class Worker:
             timeout_ms=0 if busy else 2_000, barrier_wanted=wanted
         ).assignments
         before = set(self.runners)
-        self._rounds_at(assignments)
+        for strategy in self.reads.all:
+            strategy.before_barrier(assignments)  # reach the barrier
         # actors forgotten there (dropped with their job under their rounds) are gone for
         # good, though this poll, older than the drop, still lists them
         gone = before - set(self.runners)
         assignments = [a for a in assignments if a.actor_id not in gone]
         collects = self._barriers(assignments)
-        if self.rounds is not None:
-            self.rounds.release()  # its rounds go on while the barriers are collected
+        for strategy in self.reads.all:
+            strategy.after_barrier()  # reads go on while the barriers are collected
         while collects:
             try:
                 self.client.collect_many(collects)
@@ -239,7 +256,7 @@ class Worker:
                 # or without the graph that recovered meanwhile (its actors wait for the
                 # recovery's initial barrier; the other graphs' collects still count)
                 dropped = e.actor_id if e.code is ErrorCode.ACTOR_NOT_ASSIGNED else None
-                if dropped is not None and self._forget_if_dropped([dropped]):
+                if dropped is not None and self.forget_if_dropped([dropped]):
                     collects = [c for c in collects if c.actor_id != dropped]
                     continue
                 graph_id = self._stale_collect(e)
@@ -249,104 +266,14 @@ class Worker:
                 collects = [c for c in collects if c.actor_id in self.runners]
         self._read_until_next_barrier()
 
-    # a Spark job spanning epochs --------------------------------------------
+    # what the read strategies use of the worker (``spark_workers.reads.ReadContext``)
 
-    def _rounds_at(self, assignments: list[Assignment]) -> None:
-        """Before barriers are handled: account for the rounds of the epoch they close,
-        or end the job when it is over or the barriers change its actors."""
-        job = self.rounds
-        if job is None:
-            return
-        ids = {r.actor_id for r in job.runners}
-        mine = [a for a in assignments if a.actor_id in ids]
-        barriers = [b for a in mine for b in a.barriers]
-        if (
-            len(mine) < len(ids)
-            or any(b.kind is BarrierKind.INITIAL for b in barriers)
-            or any(self.runners.get(r.actor_id) is not r for r in job.runners)
-        ):
-            # a recovery rolls its rounds back; actors no longer here were dropped with
-            # their job (or stopped: a mutation ended the job before)
-            self._end_rounds(account=False)
-            return
-        changed = any(b.mutation for b in barriers)
-        if changed or not job.running:
-            self._end_rounds(account=True)
-            if not changed:
-                # the actors' reads left in this epoch (rows that came after their rounds)
-                # before the barrier closing it, which can then report them done
-                for r in job.runners:
-                    if self.runners.get(r.actor_id) is r:
-                        with self._unless_dropped([r]):
-                            r.read_some(self.conn, CHUNK_ROWS)
-        elif barriers:
-            # every actor of the job has the same last barrier: the epochs they will be at
-            # are released at once; otherwise once they opened them (``RoundsJob.release``)
-            lasts = [a.barriers[-1] if a.barriers else None for a in mine]
-            first = lasts[0]
-            same = first is not None and all(b is not None and b.curr == first.curr for b in lasts)
-            job.close(job.next_epochs(first) if first is not None and same else None)
-            job.account(self.conn)
-
-    def _end_rounds(self, *, account: bool) -> None:
-        """Stop the Spark job spanning epochs, if one runs; with ``account``, its rounds
-        count (its actors go on), and an error of its own is raised."""
-        job, self.rounds = self.rounds, None
-        if job is None:
-            return
-        job.stop()
-        try:
-            if account and self.conn is not None:
-                job.account(self.conn)
-        finally:
-            if self.conn is not None:
-                job.forget(self.conn)
-            for r in job.runners:
-                r.in_rounds = False
-        log.info("Spark rounds %s ended after %s rounds", job.token, job.rounds)
-        # a job dropped under its rounds (a write into a view that is gone) fails them: no
-        # failure of this worker's other actors
-        if (
-            account
-            and job.error is not None
-            and not self._forget_if_dropped([r.actor_id for r in job.runners])
-        ):
-            fences = [job.fence] if job.fence is not None else []
-            # its graph recovered meanwhile: a round met its fence (or failed for a
-            # reason the recovery makes moot)
-            if self._recovered_graph(fences) is not None:
-                graph_id = job.runners[0].graph_id
-                raise Fenced(
-                    graph_id, f"Spark rounds of graph {graph_id} were fenced off"
-                ) from job.error
-            raise job.error
-
-    def _start_rounds(self, large: list[ActorRunner | SourceRunner]) -> None:
-        """Start a Spark job spanning epochs for the first job among ``large`` whose actors
-        can read so (``rounds_eligible``), unless one runs."""
-        if self.rounds is not None or not self.settings.spark_rounds or self.spark is None:
-            return
-        if not self.spark.pushdown:
-            return
-        by_job: dict[int, list[ActorRunner]] = {}
-        for r in large:
-            if isinstance(r, ActorRunner) and rounds_eligible(r):
-                by_job.setdefault(r.job_id, []).append(r)
-        for runners in by_job.values():
-            _, cores = self.spark.active_session()
-            rows = round_rows(self.settings.spark_epoch_rows, cores)
-            job = RoundsJob(self.spark, runners, self.conn, rows, on_done=self._rounds_done)
-            if job.start():
-                self.rounds = job
-                log.info("Spark rounds %s: %s groups", job.token, len(job.batches))
-            return
-
-    def _rounds_done(self) -> None:
-        """The Spark job spanning epochs is over (its thread): a barrier to account its
-        last rounds is wanted now, not at the interval."""
+    def want_barrier(self) -> None:
+        """Ask for a barrier now, not at the interval (from any thread: a Spark job
+        spanning epochs is over, its last rounds to be accounted)."""
         self.client.poll(timeout_ms=0, barrier_wanted=True)
 
-    def _forget_if_dropped(self, actor_ids: list[int]) -> bool:
+    def forget_if_dropped(self, actor_ids: list[int]) -> bool:
         """Forget the actors among ``actor_ids`` that are gone from the catalog (their job
         was cancelled or dropped while they worked: what failed was their own work, so it
         is no failure of this worker's other actors). Whether any was gone."""
@@ -367,7 +294,7 @@ class Worker:
             self.runners.pop(actor_id, None)
         return bool(gone)
 
-    def _recovered_graph(self, incarnations: list[tuple[int, int]]) -> int | None:
+    def recovered_graph(self, incarnations: list[tuple[int, int]]) -> int | None:
         """The first graph among these (graph, recovery sequence) pairs that recovered
         since (or is gone). A Spark task's fence failure reaches the driver only as text
         (through Py4J): the driver looks at what the fence looked at instead, and the
@@ -411,13 +338,13 @@ class Worker:
                     else ActorRunner(a, pushdown=self.settings.pushdown)
                 )
                 self.runners[a.actor_id] = runner
-            if len(barriers) > 1 and isinstance(runner, SourceRunner):
+            if len(barriers) > 1 and runner.kind == "source":
                 runner.prefetch(barriers)
             try:
                 for b in barriers:
                     collects.append(runner.on_barrier(self.conn, b))
             except Exception as e:
-                if not self._forget_if_dropped([a.actor_id]):
+                if not self.forget_if_dropped([a.actor_id]):
                     cause = _cause([runner], e)
                     if cause is e:
                         raise
@@ -425,46 +352,19 @@ class Worker:
                 collects = [c for c in collects if c.actor_id != a.actor_id]
         return collects
 
-    def _spark_runners(self) -> list[ActorRunner | SourceRunner]:
-        """Actors whose next reads are large enough for a Spark job (per job on this worker).
-
-        Source actors count their splits' backlog up to the targets (Kafka ranges read
-        by Spark tasks); table actors the planner's estimate of their snapshot."""
-        s = self.settings
-        if self.spark is None or s.spark_mode == "never":
-            return []
-        eligible: list[ActorRunner | SourceRunner] = [
-            r
-            for r in self.runners.values()
-            if not getattr(r, "in_rounds", False)
-            and (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
-            and r.has_reads()
-        ]
-        if s.spark_mode == "always":
-            return eligible
-        remaining: dict[int, int] = {}
-        for r in eligible:
-            left = (
-                r.remaining_estimate()
-                if isinstance(r, SourceRunner)
-                else r.remaining_estimate(self.conn)
-            )
-            remaining[r.job_id] = remaining.get(r.job_id, 0) + left
-        return [r for r in eligible if remaining[r.job_id] >= s.spark_min_rows]
-
     @contextlib.contextmanager
-    def _unless_dropped(self, runners: list[ActorRunner | SourceRunner]) -> Iterator[None]:
+    def unless_dropped(self, runners: Sequence[ActorRunner | SourceRunner]) -> Iterator[None]:
         """Reads of actors whose job is dropped meanwhile may fail: forget those actors.
         Reads of actors whose graph recovered meanwhile (a Spark task's fence) are
         superseded (``Fenced``), not failed."""
         try:
             yield
         except Exception as e:
-            if self._forget_if_dropped([r.actor_id for r in runners]):
+            if self.forget_if_dropped([r.actor_id for r in runners]):
                 return
             if isinstance(e, Fenced):
                 raise
-            graph_id = self._recovered_graph([(r.graph_id, r.recovery_seq) for r in runners])
+            graph_id = self.recovered_graph([(r.graph_id, r.recovery_seq) for r in runners])
             if graph_id is None:
                 cause = _cause(runners, e)
                 if cause is e:
@@ -479,35 +379,21 @@ class Worker:
         reading = [
             r
             for r in self.runners.values()
-            if isinstance(r, ActorRunner) and r.executor.budget is None and r.has_reads()
+            if r.kind != "source" and r.executor.budget is None and r.has_reads()
         ]
         while not self.stop_event.is_set():
             did = False
-            large = self._spark_runners()
-            self._start_rounds(large)
-            if self.rounds is not None:
-                # its tasks hold Spark's cores until it is over: a job of one epoch for
-                # other actors would wait for them, and every barrier with it
-                large = []
-            if large:
-                assert self.spark is not None
-                with self._unless_dropped(large):
-                    self.spark.run_epoch(large, self.settings.spark_epoch_rows)
-                did = True
-            for runner in list(self.runners.values()):
-                if runner in large:
-                    continue
-                with self._unless_dropped([runner]):
-                    if runner.read_some(self.conn, CHUNK_ROWS) >= 0:
-                        did = True
-                        if isinstance(runner, ActorRunner) and runner.pushed_where is not None:
-                            self.driver_pushdowns += 1
+            for strategy, runners in self.reads.choose(list(self.runners.values())):
+                if strategy.read(runners, self.reads.budget(strategy)):
+                    did = True
             # a round after which nobody has reads left would do nothing: no poll to
             # look for a barrier before it (a throttled actor spends its epoch's budget
             # in one round: the poll cost the control plane a request every epoch)
             if not did or not any(r.has_reads() for r in self.runners.values()):
                 self.barrier_wanted = any(
-                    self.runners.get(r.actor_id) is r and not r.in_rounds and not r.has_reads()
+                    self.runners.get(r.actor_id) is r
+                    and not self.reads.spanning.wants(r)
+                    and not r.has_reads()
                     for r in reading
                 )
                 return

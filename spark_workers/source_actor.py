@@ -122,10 +122,11 @@ class SourceRunner:
     def has_reads(self) -> bool:
         return bool(self.executor.plan_reads(1))
 
-    def remaining_estimate(self) -> int:
+    def remaining_estimate(self, conn: Any = None) -> int:
         """Messages its backfilling splits have left up to their targets (from the
         executor's state, no Kafka round trip; a split not started counts from offset 0,
-        so a topic trimmed by retention is overestimated)."""
+        so a topic trimmed by retention is overestimated). ``conn``: unused, as the
+        table actors' estimate asks for one."""
         return sum(
             p.target_offset - (-1 if p.offset is None else p.offset)
             for p in self.executor.progress.values()

@@ -14,8 +14,8 @@ Source backfill (``_run_source_job``) works the same way over Kafka: the executo
 them with confluent-kafka and write the visible rows (``kafka_datasource``), and each
 range's summary (``SplitSummary``) goes to ``account``.
 
-Small epochs stay on the driver (``runtime``): a Spark job costs a few hundred ms of
-scheduling, more than reading a few thousand rows directly.
+Small epochs stay on the driver (``spark_workers.reads.choose``): a Spark job costs a
+few hundred ms of scheduling, more than reading a few thousand rows directly.
 """
 
 from __future__ import annotations
@@ -122,26 +122,21 @@ class SparkPath:
                 self._spark.stop()
                 self._spark = None
 
-    def run_epoch(self, runners: Sequence[ActorRunner | SourceRunner], max_rows: int) -> int:
-        """Read up to ``max_rows`` per job for these actors; returns the rows read."""
-        from spark_workers.source_actor import SourceRunner
-
+    def run_epoch(self, runners: Sequence[ActorRunner], max_rows: int) -> int:
+        """Read up to ``max_rows`` per job for these table actors; returns the rows read."""
         # one Spark job per backfill job and pair of epochs: actors of one job handle a
         # poll's barriers one after another, so they can be an epoch apart for a moment
         by_job: dict[tuple[int, int, int], list[ActorRunner]] = defaultdict(list)
+        for r in runners:
+            by_job[(r.job_id, r.executor.snapshot_epoch, r.executor.open_epoch)].append(r)
+        return sum(self._run_job(group, max_rows) for group in by_job.values())
+
+    def run_source_epoch(self, runners: Sequence[SourceRunner], max_rows: int) -> int:
+        """Read up to ``max_rows`` per job for these source actors; returns the rows read."""
         sources: dict[tuple[int, int, int, int], list[SourceRunner]] = defaultdict(list)
         for r in runners:
-            if isinstance(r, SourceRunner):
-                key = (r.job_id, r.graph_id, r.recovery_seq, r.executor.open_epoch)
-                sources[key].append(r)
-            else:
-                by_job[(r.job_id, r.executor.snapshot_epoch, r.executor.open_epoch)].append(r)
-        total = 0
-        for group in by_job.values():
-            total += self._run_job(group, max_rows)
-        for source_group in sources.values():
-            total += self._run_source_job(source_group, max_rows)
-        return total
+            sources[(r.job_id, r.graph_id, r.recovery_seq, r.executor.open_epoch)].append(r)
+        return sum(self._run_source_job(group, max_rows) for group in sources.values())
 
     def _run_source_job(self, runners: list[SourceRunner], max_rows: int) -> int:
         """One Spark job reads the next backfill range of every split these actors (of one
