@@ -247,6 +247,10 @@ class Worker:
         collects = self._barriers(assignments)
         for strategy in self.reads.all:
             strategy.after_barrier()  # reads go on while the barriers are collected
+        self._collect(collects)
+        self._read_until_next_barrier()
+
+    def _collect(self, collects: list[CollectRequest]) -> None:
         while collects:
             try:
                 self.client.collect_many(collects)
@@ -264,7 +268,6 @@ class Worker:
                     raise
                 self._superseded(graph_id, str(e))
                 collects = [c for c in collects if c.actor_id in self.runners]
-        self._read_until_next_barrier()
 
     # what the read strategies use of the worker (``spark_workers.reads.ReadContext``)
 
