@@ -1,4 +1,5 @@
-"""One actor on a worker: its executor state machine and the I/O it asks for."""
+"""One actor on a worker: its executor state machine and the I/O of its barriers (its
+reads of the open epoch are the read strategies', ``spark_workers.reads``)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,7 @@ from psycopg2 import sql
 from backfill_core.changes import Version
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeProgress, VnodeState
 from backfill_core.executors.chain import ChainBackfill
-from backfill_core.executors.interface import (
-    BackfillExecutor,
-    ReadGrouping,
-    VnodeRows,
-    VnodeSummary,
-)
+from backfill_core.executors.interface import BackfillExecutor
 from backfill_core.executors.snapshot import SnapshotBackfill, VnodeBackfillProgress
 from backfill_core.executors.snapshot import VnodeState as SnapshotVnodeState
 from backfill_core.protocol import (
@@ -28,7 +24,7 @@ from backfill_core.protocol import (
 )
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
 from backfill_core.view import View
-from state_store.pushdown import READ, write_view
+from state_store.pushdown import READ
 from state_store.versioned import VersionedTable
 from state_store.view_sql import filter_sql
 
@@ -68,7 +64,7 @@ def fence(cur: Any, graph_id: int, recovery_seq: int, actor_id: int) -> None:
 
 
 class ActorRunner:
-    """Runs an arrangement-backfill actor against the state store (driver-side path)."""
+    """A table backfill actor (arrangement, chain, snapshot) against the state store."""
 
     def __init__(self, assignment: Assignment, *, pushdown: bool = True) -> None:
         job = assignment.job
@@ -246,67 +242,3 @@ class ActorRunner:
 
     def _report(self) -> CollectProgress:
         return CollectProgress.of(vnodes=self._progress(), report=self.executor.report())
-
-    def read_some(self, conn: Any, max_rows: int) -> int:
-        """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""
-        ex = self.executor
-        if self.in_rounds:
-            return -1
-        # an arrangement's rows come in one group under one limit (one round trip); the
-        # other kinds read each vnode under its own share
-        if self.pushed_where is not None or self.kind != "arrangement":
-            return self._read_spread(conn, max_rows)
-        reads = ex.plan_reads(max_rows, 1)
-        if not reads:
-            return -1
-        [read] = reads
-        with conn.cursor() as cur:
-            self._fence(cur)
-            rows = self.upstream.snapshot_multi(cur, read.epoch, read.starts, read.limit)
-            kept = ex.account(read, VnodeRows(rows))
-            self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
-        conn.commit()
-        return len(rows)
-
-    def _read_spread(self, conn: Any, max_rows: int) -> int:
-        """One read per pending vnode, each with its share of ``max_rows``, one round trip.
-
-        With pushdown the reads are run and written by one statement inside Postgres
-        (``state_store.pushdown``), and the executor accounts for each vnode's summary,
-        as for the reads of a Spark task; otherwise the rows come here and go back."""
-        ex = self.executor
-        reads = ex.plan_reads(max_rows, grouping=ReadGrouping.EACH)
-        if not reads:
-            return -1
-        spread = [(v, after, r.limit) for r in reads for v, after in r.starts]
-        with conn.cursor() as cur:
-            self._fence(cur)
-            if self.pushed_where is not None:
-                got = write_view(
-                    cur,
-                    self.upstream,
-                    self.mv,
-                    reads[0].epoch,
-                    spread,
-                    self.pushed_where,
-                    ex.open_epoch,
-                )
-                total = 0
-                for r in reads:
-                    summary = VnodeSummary({v: got[v] for v, _ in r.starts if v in got})
-                    ex.account(r, summary)
-                    total += summary.rows
-            else:
-                rows = self.upstream.snapshot_reads(cur, reads[0].epoch, spread)
-                by_vnode: dict[int, list[Any]] = {}
-                for v, row in rows:
-                    by_vnode.setdefault(v, []).append((v, row))
-                kept = []
-                for r in reads:
-                    kept += ex.account(
-                        r, VnodeRows([x for v, _ in r.starts for x in by_vnode.get(v, [])])
-                    )
-                self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(kept)])
-                total = len(rows)
-        conn.commit()
-        return total

@@ -1,4 +1,5 @@
-"""One source-backfill actor on a worker: its executor, Kafka reads, and MV writes.
+"""One source-backfill actor on a worker: its executor, Kafka reads, and MV writes (its
+backfill reads of the open epoch are the Kafka read strategy's, ``spark_workers.reads.kafka``).
 
 The barrier opening epoch ``e`` names the offsets the shared source advanced over in
 ``e`` (``source_ranges``); those messages are the upstream rows of ``e`` and are handled
@@ -16,7 +17,6 @@ from backfill_core.changes import Version
 from backfill_core.executors.source import (
     OffsetRead,
     SourceBackfill,
-    SplitOffsets,
     SplitProgress,
     SplitState,
     split_key,
@@ -37,7 +37,6 @@ from connectors.kafka import (
     Message,
     PoisonMessage,
     Skipped,
-    backfill_stop,
     decode_messages,
     on_invalid,
 )
@@ -268,28 +267,3 @@ class SourceRunner:
         """Each read with its split's high watermark now (where a backfill read stops)."""
         marks = self.client.watermarks([int(r.split) for r in reads]) if reads else {}
         return [(r, marks[int(r.split)][1]) for r in reads]
-
-    def read_some(self, conn: Any, max_rows: int) -> int:
-        """Backfill reads of the open epoch, written at once; rows read (-1: none to do)."""
-        ex = self.executor
-        reads = ex.plan_reads(max_rows)
-        if not reads:
-            return -1
-        plan = {
-            int(r.split): (r.start, backfill_stop(high, r.target), r.limit)
-            for r, high in self.with_high_watermarks(reads)
-        }
-        got = self.client.scan_ranges(plan)
-        total = 0
-        rows = []
-        for r in reads:
-            scan = got[int(r.split)]
-            msgs = scan.messages
-            visible = ex.account(r, SplitOffsets([m.offset for m in msgs], end=scan.end))
-            rows += self.rows_of(msgs[:visible])
-            total += len(msgs)
-        with conn.cursor() as cur:
-            fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
-            self.mv.write(cur, ex.open_epoch, [Version(r) for r in self.view.rows(rows)])
-        conn.commit()
-        return total

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from backfill_core.executors.messages import BarrierKind
 from spark_workers.actors import Fenced
+from spark_workers.reads.driver import read_table
 from spark_workers.reads.interface import CHUNK_ROWS, ReadContext
 from spark_workers.rounds import RoundsJob, rounds_eligible
 from spark_workers.spark_path import round_rows
@@ -100,7 +101,7 @@ class SpanningReads:
                 for r in job.runners:
                     if runners.get(r.actor_id) is r:
                         with self.ctx.unless_dropped([r]):
-                            r.read_some(self.ctx.conn, CHUNK_ROWS)
+                            read_table(r, self.ctx.conn, CHUNK_ROWS)
         elif barriers:
             # every actor of the job has the same last barrier: the epochs they will be at
             # are released at once; otherwise once they opened them (``RoundsJob.release``)

@@ -24,6 +24,7 @@ from service.meta.loop import MetaLoop
 from service.meta.sources import SourceWatcher
 from service.settings import Settings
 from spark_workers.actors import Fenced
+from spark_workers.reads.kafka import read_kafka
 from spark_workers.source_actor import SourceRunner
 from tests.integration.test_sources import ScriptedProbe, spec
 from tests.kit.auth import api_client
@@ -83,7 +84,7 @@ def test_a_source_actor_of_an_earlier_incarnation_writes_nothing(
         try:
             for b in a["barriers"]:
                 zombie.on_barrier(conn, BarrierMessage.from_json(b))
-            assert zombie.read_some(conn, 5) > 0  # the live incarnation writes
+            assert read_kafka(zombie, conn, 5) > 0  # the live incarnation writes
             written = _mv_versions(db)
             assert written > 0
 
@@ -96,7 +97,7 @@ def test_a_source_actor_of_an_earlier_incarnation_writes_nothing(
             assert rolled_back == 0
 
             with pytest.raises(Fenced):
-                zombie.read_some(conn, 5)
+                read_kafka(zombie, conn, 5)
             conn.rollback()
             with pytest.raises(Fenced):
                 zombie.on_barrier(conn, BarrierMessage.from_json(fresh["barriers"][0]))
@@ -125,7 +126,7 @@ def test_a_split_moved_to_an_actor_resumes_from_its_committed_progress(
                     for b in a["barriers"]:
                         _collect(worker, runner.on_barrier(conn, BarrierMessage.from_json(b)), b)
                         seen.append(b.get("mutation") or {})
-                    runner.read_some(conn, 3)
+                    read_kafka(runner, conn, 3)
                 return seen
 
             for _ in range(3):

@@ -21,6 +21,7 @@ from service.db import Database, raw_cursor
 from service.meta import recovery
 from service.meta.loop import MetaLoop
 from spark_workers.actors import ActorRunner, Fenced, fence
+from spark_workers.reads.driver import read_table
 from tests.kit.e2e import wait_for
 from tests.kit.meta import FakeWorker, committed_epoch, make_job
 
@@ -67,7 +68,7 @@ def test_an_actor_of_an_earlier_incarnation_writes_nothing(
     zombie = ActorRunner(assignment, pushdown=False)
     for b in assignment.barriers:  # the initial barrier, then one whose snapshot has the rows
         zombie.on_barrier(actor_conn, b)
-    assert zombie.read_some(actor_conn, 5) == 5  # the live incarnation writes
+    assert read_table(zombie, actor_conn, 5) == 5  # the live incarnation writes
     written = _mv_versions(db)
     assert written == 5
 
@@ -81,7 +82,7 @@ def test_an_actor_of_an_earlier_incarnation_writes_nothing(
     assert rolled_back == 0
 
     with pytest.raises(Fenced):
-        zombie.read_some(actor_conn, 5)
+        read_table(zombie, actor_conn, 5)
     actor_conn.rollback()
     with pytest.raises(Fenced):
         zombie.on_barrier(actor_conn, Assignment.from_json(fresh).barriers[0])
