@@ -10,6 +10,7 @@ database again. The hub polls only while some stream follows.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import Counter, deque
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ from contextlib import asynccontextmanager, suppress
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import func, select
 
+from service.api.epochs import epochs_as_text
 from service.catalog import events
 from service.catalog.models import Event
 from service.db import Database
@@ -27,6 +29,14 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25
 BUFFERED = 10_000  # events kept for streams that lag a little
+WAKE_GROUP = 8  # streams woken before other callbacks get a turn
+
+
+def sse_text(e: Event) -> str:
+    """One event as Server-Sent Events; stored with integer epochs, sent as strings, as
+    in every answer."""
+    data = {"job_id": e.job_id, "at": e.created_at.isoformat(), **epochs_as_text(e.data)}
+    return f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(data)}\n\n"
 
 
 class TooManyStreams(ServiceError):
@@ -40,9 +50,12 @@ class EventHub:
         self.poll_s = poll_s
         self.max_streams_per_client = max_streams_per_client
         self._buffer: deque[Event] = deque(maxlen=BUFFERED)
+        # each buffered event as a stream sends it, made once for every stream
+        self._sse: dict[int, str] = {}
         self._base: int | None = None  # the buffer holds every event with a greater id
         self._latest = 0
-        self._changed: asyncio.Event | None = None
+        # the streams waiting for new events, woken a group at a time (``_wake``)
+        self._waiters: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
         self._streams: Counter[str] = Counter()
         self.reads = 0  # the hub's reads of the database (tests count them)
@@ -75,6 +88,11 @@ class EventHub:
     def followers(self) -> int:
         return sum(self._streams.values())
 
+    def sse_of(self, e: Event) -> str:
+        """``e`` as a stream sends it (made once, when the hub took it in)."""
+        text = self._sse.get(e.id)
+        return text if text is not None else sse_text(e)
+
     def since(self, last: int, job_id: int | None) -> list[Event] | None:
         """The buffered events after ``last`` (of one job, or all); None when the buffer
         does not reach back to ``last``: the stream reads the database."""
@@ -95,11 +113,19 @@ class EventHub:
         """Until the hub took in new events, or ``timeout_s``."""
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._poll())
-        if self._changed is None:
-            self._changed = asyncio.Event()
-        changed = self._changed
-        with suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout_s)
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if len(self._waiters) > 2 * self.followers + 100:  # those that timed out, gone
+            self._waiters = [w for w in self._waiters if not w.done()]
+        self._waiters.append(woken)
+        # a timeout scope, not wait_for: that makes a task per call, a thousand at
+        # every wake of a thousand streams
+        try:
+            with suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await woken
+        finally:
+            if not woken.done():
+                woken.cancel()
 
     async def _poll(self) -> None:
         try:
@@ -115,20 +141,34 @@ class EventHub:
                     continue
                 self.reads += 1
                 if batch:
+                    for e in batch:
+                        self._sse[e.id] = sse_text(e)
                     self._buffer.extend(batch)
                     self._latest = batch[-1].id
                     if len(self._buffer) == self._buffer.maxlen:
                         self._base = self._buffer[0].id - 1
-                    changed, self._changed = self._changed, asyncio.Event()
-                    if changed is not None:
-                        changed.set()
+                        for gone in [i for i in self._sse if i <= self._base]:
+                            del self._sse[gone]
+                    await self._wake()
                 if len(batch) < events.PAGE:
                     await asyncio.sleep(self.poll_s)
         finally:
             # nobody follows: forget the buffer, the next follower starts afresh
             self._buffer.clear()
+            self._sse.clear()
             self._base = None
             self._task = None
+
+    async def _wake(self) -> None:
+        """Wake the waiting streams ``WAKE_GROUP`` at a time, letting the event loop
+        answer other requests between groups: woken all at once, a thousand streams
+        held every other answer back until each had written."""
+        waiters, self._waiters = self._waiters, []
+        for i, woken in enumerate(waiters, 1):
+            if not woken.done():
+                woken.set_result(None)
+            if i % WAKE_GROUP == 0:
+                await asyncio.sleep(0)
 
     def _max_id(self) -> int:
         with self.db.transaction() as s:

@@ -7,7 +7,6 @@ Epochs in the data (``epoch``, ``..._epoch``) are decimal strings (``service.api
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +18,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import WithJsonSchema
 
 from service.api.deps import get_ctx
-from service.api.epochs import epochs_as_text
 from service.api.errors import ERROR_RESPONSES
 from service.api.event_hub import EventHub
 from service.api.event_schemas import EVENT_SCHEMA
@@ -79,12 +77,10 @@ async def _stream(
         batch = hub.since(last, job_id) if follow else None
         if batch is None:
             batch = await run_in_threadpool(events.after, ctx.db, last, job_id)
-        for e in batch:
-            # stored with integer epochs; sent as strings, as in every answer
-            data = {"job_id": e.job_id, "at": e.created_at.isoformat(), **epochs_as_text(e.data)}
-            yield f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(data)}\n\n"
-            last = e.id
         if batch:
+            # one write for the batch, each event formatted once for every stream
+            yield "".join(hub.sse_of(e) for e in batch)
+            last = batch[-1].id
             quiet_since = time.monotonic()
             continue
         if not follow or await request.is_disconnected():
