@@ -115,6 +115,12 @@ def test_bad_patches_and_verify_epochs(client: TestClient) -> None:
     assert_error(client.patch(f"/v1/jobs/{job}", json={"parallelism": 0}), 422, "validation_error")
     assert_error(client.patch(f"/v1/jobs/{job}", json={"rate_limit": -5}), 422, "validation_error")
     assert_error(client.patch(f"/v1/jobs/{job}", json={"colour": "red"}), 422, "validation_error")
+    # an hour past the committed epoch, once there is one (before the first commit it
+    # reads 0, and an hour past 0 lies long before the epoch of any commit)
+    wait_for(
+        lambda: int(client.get(f"/v1/jobs/{job}").json()["committed_epoch"]) > 0,
+        what="a committed epoch",
+    )
     committed = int(client.get(f"/v1/jobs/{job}").json()["committed_epoch"])
     far = committed + (3_600_000 << 16)
     assert_error(client.get(f"/v1/jobs/{job}/verify", params={"epoch": far}), 409, "conflict")
