@@ -15,6 +15,7 @@ import logging
 from collections import Counter, deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
 
 from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import func, select
@@ -32,11 +33,19 @@ BUFFERED = 10_000  # events kept for streams that lag a little
 WAKE_GROUP = 8  # streams woken before other callbacks get a turn
 
 
-def sse_text(e: Event) -> str:
-    """One event as Server-Sent Events; stored with integer epochs, sent as strings, as
-    in every answer."""
-    data = {"job_id": e.job_id, "at": e.created_at.isoformat(), **epochs_as_text(e.data)}
-    return f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(data)}\n\n"
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """An event as a stream sends it: formatted once, for every stream."""
+
+    id: int
+    job_id: int | None
+    text: str
+
+    @classmethod
+    def of(cls, e: Event) -> Sent:
+        # stored with integer epochs, sent as strings, as in every answer
+        data = {"job_id": e.job_id, "at": e.created_at.isoformat(), **epochs_as_text(e.data)}
+        return cls(e.id, e.job_id, f"id: {e.id}\nevent: {e.kind}\ndata: {json.dumps(data)}\n\n")
 
 
 class TooManyStreams(ServiceError):
@@ -49,9 +58,7 @@ class EventHub:
         self.db = db
         self.poll_s = poll_s
         self.max_streams_per_client = max_streams_per_client
-        self._buffer: deque[Event] = deque(maxlen=BUFFERED)
-        # each buffered event as a stream sends it, made once for every stream
-        self._sse: dict[int, str] = {}
+        self._buffer: deque[Sent] = deque(maxlen=BUFFERED)
         self._base: int | None = None  # the buffer holds every event with a greater id
         self._latest = 0
         # the streams waiting for new events, woken a group at a time (``_wake``)
@@ -88,19 +95,14 @@ class EventHub:
     def followers(self) -> int:
         return sum(self._streams.values())
 
-    def sse_of(self, e: Event) -> str:
-        """``e`` as a stream sends it (made once, when the hub took it in)."""
-        text = self._sse.get(e.id)
-        return text if text is not None else sse_text(e)
-
-    def since(self, last: int, job_id: int | None) -> list[Event] | None:
+    def since(self, last: int, job_id: int | None) -> list[Sent] | None:
         """The buffered events after ``last`` (of one job, or all); None when the buffer
         does not reach back to ``last``: the stream reads the database."""
         if self._base is None or last < self._base:
             return None
         # ids grow along the buffer: walk back from the newest, not over all of it (every
         # following stream asks at every wake)
-        newer: list[Event] = []
+        newer: list[Sent] = []
         for e in reversed(self._buffer):
             if e.id <= last:
                 break
@@ -141,21 +143,16 @@ class EventHub:
                     continue
                 self.reads += 1
                 if batch:
-                    for e in batch:
-                        self._sse[e.id] = sse_text(e)
-                    self._buffer.extend(batch)
+                    self._buffer.extend(Sent.of(e) for e in batch)
                     self._latest = batch[-1].id
                     if len(self._buffer) == self._buffer.maxlen:
                         self._base = self._buffer[0].id - 1
-                        for gone in [i for i in self._sse if i <= self._base]:
-                            del self._sse[gone]
                     await self._wake()
                 if len(batch) < events.PAGE:
                     await asyncio.sleep(self.poll_s)
         finally:
             # nobody follows: forget the buffer, the next follower starts afresh
             self._buffer.clear()
-            self._sse.clear()
             self._base = None
             self._task = None
 

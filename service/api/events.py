@@ -19,7 +19,7 @@ from pydantic import WithJsonSchema
 
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES
-from service.api.event_hub import EventHub
+from service.api.event_hub import EventHub, Sent
 from service.api.event_schemas import EVENT_SCHEMA
 from service.catalog import events
 from service.context import ServiceContext
@@ -76,10 +76,12 @@ async def _stream(
     while True:
         batch = hub.since(last, job_id) if follow else None
         if batch is None:
-            batch = await run_in_threadpool(events.after, ctx.db, last, job_id)
+            batch = [
+                Sent.of(e) for e in await run_in_threadpool(events.after, ctx.db, last, job_id)
+            ]
         if batch:
-            # one write for the batch, each event formatted once for every stream
-            yield "".join(hub.sse_of(e) for e in batch)
+            # one write for the batch (the hub's events were formatted once for every stream)
+            yield "".join(sent.text for sent in batch)
             last = batch[-1].id
             quiet_since = time.monotonic()
             continue
