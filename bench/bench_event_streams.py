@@ -43,6 +43,12 @@ async def _follow_all(
         f"Authorization: Bearer {TOKENS['reader']}\r\nAccept: text/event-stream\r\n\r\n"
     ).encode()
     counted = [0]
+    closed = asyncio.Event()
+
+    async def watch_closing() -> None:  # one look for all the streams, not one each
+        while not closing.is_set():
+            await asyncio.sleep(0.2)
+        closed.set()
 
     async def one() -> list[int]:
         reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
@@ -59,16 +65,18 @@ async def _follow_all(
                 break
             if line.startswith(b"id: "):
                 ids.append(int(line[4:]))
-        while not closing.is_set():  # open through the whole measurement
-            await asyncio.sleep(0.2)
+        await closed.wait()  # open through the whole measurement
         writer.close()
         return ids
 
+    watcher = asyncio.create_task(watch_closing())
     tasks = []
     for _ in range(n):  # opened a few at a time: a burst of 1,000 connects is another bench
         tasks.append(asyncio.create_task(one()))
         await asyncio.sleep(0.002)
-    return list(await asyncio.gather(*tasks))
+    ids = list(await asyncio.gather(*tasks))
+    await watcher
+    return ids
 
 
 def _streams(*args: Any) -> None:

@@ -137,6 +137,8 @@ def test_following_streams_share_one_reader_each_gets_every_event_once_and_are_c
 
     routes_events = SimpleNamespace(**(vars(catalog_events) | {"after": counted_after}))
     monkeypatch.setattr(events_route, "events", routes_events)
+    # a stream learns that its client went from the response, not from a keep-alive
+    monkeypatch.setattr(events_route, "KEEPALIVE_S", 3600.0)
     n = 12
     capped = settings.model_copy(update={"max_event_streams_per_token": n})
     with live_server(capped, db) as url, http_client(url, timeout=60) as http:
@@ -176,6 +178,7 @@ def test_following_streams_share_one_reader_each_gets_every_event_once_and_are_c
         for t in threads:
             t.join(timeout=60)
         assert not any(t.is_alive() for t in threads)
+        wait_for(lambda: hub.followers == 0, what="closed streams no longer counted")
         assert stream_reads[0] == before
         kinds = [[e["event"] for e in got] for got in received]
         assert kinds == [["paused", "resumed"] * 3] * n
