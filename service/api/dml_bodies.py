@@ -229,10 +229,44 @@ def _csv_rows(spool: IO[bytes], schema: TableSchema) -> CsvRows:
     return CsvRows(header, not_null, _csv_records(lines, keys))
 
 
+def _quoted_fields(record: str) -> list[str]:
+    """The fields of a CSV record holding quotes, as Postgres reads them (``csv`` reads
+    a quote inside an unquoted field as itself, Postgres as the start of a quoted part:
+    a key read the other way would put its row in the wrong vnode)."""
+    fields: list[str] = []
+    field: list[str] = []
+    quoted = False
+    i, n = 0, len(record)
+    while i < n:
+        c = record[i]
+        if quoted:
+            if c == '"':
+                if i + 1 < n and record[i + 1] == '"':
+                    field.append('"')
+                    i += 1
+                else:
+                    quoted = False
+            else:
+                field.append(c)
+        elif c == '"':
+            quoted = True
+        elif c == ",":
+            fields.append("".join(field))
+            field = []
+        else:
+            field.append(c)
+        i += 1
+    if quoted:
+        raise ValueError("a quoted field is not closed")
+    fields.append("".join(field))
+    return fields
+
+
 def _csv_records(
     lines: Iterator[bytes], keys: Sequence[tuple[int, Callable[[Any], Any]]]
 ) -> Iterator[tuple[int, tuple[Any, ...], bytes]]:
     """(line, key, record) of each record; a record with quoted newlines spans lines."""
+    single = keys[0] if len(keys) == 1 else None  # the usual key, without a generator
     number = 1
     for raw in lines:
         number += 1
@@ -246,15 +280,20 @@ def _csv_records(
                 raw += more
                 number += 1
             try:
-                fields = next(csv.reader([raw.decode("utf-8")], strict=True), [])
-            except (csv.Error, UnicodeDecodeError) as e:
+                fields = _quoted_fields(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as e:
+                raise _line_error(start, f"not valid UTF-8 ({e})", BadRequest) from None
+            except ValueError as e:
                 raise _line_error(start, f"not valid CSV ({e})", BadRequest) from None
         else:
             if not raw.strip(b"\r\n"):
                 continue  # a blank line
             fields = raw.rstrip(b"\r\n").split(b",")
         try:
-            key = tuple(convert(fields[i]) for i, convert in keys)
+            if single is not None:
+                key = (single[1](fields[single[0]]),)
+            else:
+                key = tuple(convert(fields[i]) for i, convert in keys)
         except IndexError:
             raise _line_error(start, "fewer fields than the header names") from None
         except (ValueError, UnicodeDecodeError) as e:

@@ -83,11 +83,12 @@ def test_csv_inserts(client: TestClient) -> None:
         b'3,"",1e2,\n'  # a quoted empty field is the empty string
         b'4,"two\nlines",-1,\n'
         b"\n"
+        b'"6",x"y"" z""",7,\n'  # a quote opens a quoted part anywhere in a field
         b"5,eve,3,"  # no newline at the end
     )
     r = bulk(client, body, CSV)
     assert r.status_code == 200, r.text
-    assert r.json()["count"] == 5
+    assert r.json()["count"] == 6
     got = latest(client)
     assert got[1] == {
         "id": 1,
@@ -103,11 +104,12 @@ def test_csv_inserts(client: TestClient) -> None:
     }
     assert got[3]["customer"] == "" and got[3]["amount"] == "100"
     assert got[4]["customer"] == "two\nlines" and got[5]["amount"] == "3"
+    assert got[6]["customer"] == 'xy" z"'
     # the rows went to the vnodes JSON DML uses: these updates and deletes find them
-    r = dml(client, [{"op": "update", "row": {"id": i, "customer": "x"}} for i in range(1, 6)])
+    r = dml(client, [{"op": "update", "row": {"id": i, "customer": "x"}} for i in range(1, 7)])
     assert r.status_code == 200, r.text
     assert dml(client, [{"op": "delete", "row": {"id": 3}}]).status_code == 200
-    assert sorted(latest(client)) == [1, 2, 4, 5]
+    assert sorted(latest(client)) == [1, 2, 4, 5, 6]
 
 
 def test_csv_into_an_epoch_that_already_has_versions(
@@ -184,6 +186,13 @@ def test_a_bad_line_is_named_and_nothing_is_written(
     assert sorted(latest(client)) == [1]
 
 
+def test_a_line_after_quoted_newlines(client: TestClient) -> None:
+    create(client)
+    body = b'id,customer\n7,"a\nb\nc"\n8,d,extra\n'
+    err = assert_error(bulk(client, body, CSV), 422, "invalid")
+    assert err["details"] == {"line": 5}, err  # the record's first line
+
+
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
@@ -210,10 +219,18 @@ def test_csv_empty_fields_in_columns_that_are_not_nullable(client: TestClient) -
     }
     create(client, spec)
     path = "/v1/tables/notes/dml"
-    r = client.post(path, params={"wait": "true"}, content=b"k,body,n\n,,1\n", headers=CSV)
+    body = b'k,body,n\n,,1\nq"u""o"te,x,2\n'
+    r = client.post(path, params={"wait": "true"}, content=body, headers=CSV)
     assert r.status_code == 200, r.text  # the empty string, in the key too
     got = client.get("/v1/tables/notes/rows").json()["rows"]
-    assert got == [{"k": "", "body": "", "n": 1}]
+    assert sorted(got, key=lambda r: r["n"]) == [
+        {"k": "", "body": "", "n": 1},
+        {"k": 'qu"ote', "body": "x", "n": 2},
+    ]
+    # in the vnodes JSON DML computes: found by key
+    ops = [{"op": "update", "row": {"k": k, "n": 3}} for k in ("", 'qu"ote')]
+    r = client.post(path, json={"ops": ops})
+    assert r.status_code == 200, r.text
     err = assert_error(client.post(path, content=b"k,body,n\na,b,\n", headers=CSV), 422, "invalid")
     assert err["details"] == {"line": 2, "column": "n"}
 
