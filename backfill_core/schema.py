@@ -160,6 +160,13 @@ class TableSchema:
         coercers = tuple((c.name, _COERCE[c.type], c.nullable) for c in self.columns)
         object.__setattr__(self, "_coercers", coercers)
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as its definition: the coercers (closures, compiled code) are rebuilt
+        return (
+            type(self),
+            (self.columns, self.primary_key, self.distribution_key, self.vnode_count),
+        )
+
     @classmethod
     def build(
         cls,

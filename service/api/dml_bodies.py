@@ -27,6 +27,7 @@ from fastapi import Request
 from starlette.types import Scope
 
 from backfill_core.schema import ColumnType, TableSchema
+from service.api.bodies import SUSPECT_ESCAPES
 from service.errors import BadRequest, Invalid, UnsupportedMediaType
 from service.usecases.tables import DmlOp
 
@@ -40,8 +41,6 @@ SPOOL_IN_MEMORY = 16 * 1024 * 1024
 _DML_PATH = re.compile(r"/v1/tables/[^/]+/dml")
 _OPS = frozenset({"insert", "update", "delete"})
 _OP_KEYS = frozenset({"op", "row"})
-# the only ways JSON text can spell a NUL or a lone surrogate (service.api.bodies)
-_SUSPECT = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 
 
 def body_kind(content_type: str | None) -> Kind:
@@ -102,9 +101,9 @@ def _reject_constant(name: str) -> Any:
 
 def json_ops(raw: bytes, max_ops: int) -> list[DmlOp] | None:
     """The ops of a JSON body that is valid as it stands, read with the standard library's
-    parser and a structural check (a tenth of the request model's time); None for any
+    parser and a check of its shape (a fraction of the request model's time); None for any
     body the model should read instead, to answer exactly as it does (its errors)."""
-    if _SUSPECT.search(raw) is not None:
+    if SUSPECT_ESCAPES.search(raw) is not None:
         return None
     try:
         data = json.loads(raw, parse_constant=_reject_constant)
