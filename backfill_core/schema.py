@@ -11,7 +11,7 @@ import base64
 import datetime as dt
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
@@ -147,8 +147,25 @@ class TableSchema:
     vnode_count: int = DEFAULT_VNODE_COUNT
     _index: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
+    # per column (name, coercer, nullable), so that ``coerce_row`` (run for every DML row)
+    # looks nothing up per value
+    _coercers: tuple[tuple[str, Any, bool], ...] = field(default=(), compare=False, repr=False)
+
+    _insert_coercer: Callable[[object], dict[str, Any]] | None = field(
+        default=None, compare=False, repr=False
+    )
+
     def __post_init__(self) -> None:
         self._index.update({c.name: i for i, c in enumerate(self.columns)})
+        coercers = tuple((c.name, _COERCE[c.type], c.nullable) for c in self.columns)
+        object.__setattr__(self, "_coercers", coercers)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled as its definition: the coercers (closures, compiled code) are rebuilt
+        return (
+            type(self),
+            (self.columns, self.primary_key, self.distribution_key, self.vnode_count),
+        )
 
     @classmethod
     def build(
@@ -244,21 +261,36 @@ class TableSchema:
         """Validate a JSON row; ``full`` requires every non-nullable column."""
         if not isinstance(raw, Mapping):
             raise SchemaError("a row must be a JSON object")
-        unknown = [k for k in raw if k not in self._index]
-        if unknown:
+        if not raw.keys() <= self._index.keys():
+            unknown = [k for k in raw if k not in self._index]
             raise SchemaError(f"unknown column(s): {', '.join(map(repr, sorted(unknown)))}")
         out: dict[str, Any] = {}
-        for col in self.columns:
-            if col.name in raw:
-                value = coerce_value(col.type, raw[col.name], col.name)
-                if value is None and not col.nullable:
-                    raise SchemaError(f"column {col.name!r} must not be null")
-                out[col.name] = value
-            elif full and not col.nullable:
-                raise SchemaError(f"missing value for column {col.name!r}")
+        for name, coerce, nullable in self._coercers:
+            if name in raw:
+                value = raw[name]
+                if value is not None:
+                    try:
+                        value = coerce(value)
+                    except (TypeError, ValueError, InvalidOperation, OverflowError):
+                        value = coerce_value(self.column(name).type, value, name)  # its error
+                if value is None and not nullable:
+                    raise SchemaError(f"column {name!r} must not be null")
+                out[name] = value
+            elif full and not nullable:
+                raise SchemaError(f"missing value for column {name!r}")
             elif full:
-                out[col.name] = None
+                out[name] = None
         return out
+
+    def insert_coercer(self) -> Callable[[object], dict[str, Any]]:
+        """``coerce_row(raw, full=True)`` compiled for this schema (built once): the usual
+        values (an int in range, a float, a string of plain text, a bool) are checked
+        inline; anything else, and every error, goes through ``coerce_row`` itself."""
+        built = self._insert_coercer
+        if built is None:
+            built = _compile_insert_coercer(self)
+            object.__setattr__(self, "_insert_coercer", built)
+        return built
 
     def coerce_key(self, raw: object) -> tuple[Any, ...]:
         """A primary key given as a JSON object or list, validated and typed."""
@@ -320,6 +352,62 @@ def coerce_value(t: ColumnType, v: object, name: str = "value") -> Any:
     except (TypeError, ValueError, InvalidOperation, OverflowError) as e:
         detail = f": {e}" if str(e) else ""
         raise SchemaError(f"bad value for column {name!r} of type {t.value}{detail}") from None
+
+
+_FINITE_CHECK = "type({v}) is float and -_INF < {v} < _INF and {v} != 0"
+
+
+def _fast_check(t: ColumnType, v: str) -> str | None:
+    """Python that is true when value ``v`` of type ``t`` needs no coercion at all."""
+    if t in (ColumnType.SMALLINT, ColumnType.INT, ColumnType.BIGINT):
+        lo, hi = INT_BOUNDS[t.value]
+        return f"type({v}) is int and {lo} <= {v} <= {hi}"
+    if t is ColumnType.DOUBLE:
+        return _FINITE_CHECK.format(v=v)  # NaN fails both comparisons; 0 becomes 0.0
+    if t is ColumnType.TEXT:
+        # ASCII holds no lone surrogate; NUL is checked
+        return f"type({v}) is str and {v}.isascii() and '\\x00' not in {v}"
+    if t is ColumnType.BOOLEAN:
+        return f"type({v}) is bool"
+    return None
+
+
+def _compile_insert_coercer(schema: TableSchema) -> Callable[[object], dict[str, Any]]:
+    def slow(raw: object) -> dict[str, Any]:
+        return schema.coerce_row(raw, full=True)
+
+    env: dict[str, Any] = {"_slow": slow, "_known": schema._index.keys(), "_M": object()}
+    env["_INF"] = math.inf
+    env["_dict"] = dict
+    lines = [
+        "def coerce(raw):",
+        "    if type(raw) is not _dict or not raw.keys() <= _known:",
+        "        return _slow(raw)",
+    ]
+    for i, col in enumerate(schema.columns):
+        v = f"v{i}"
+        env[f"_c{i}"] = _COERCE[col.type]
+        check = _fast_check(col.type, v)
+        lines.append(f"    {v} = raw.get({col.name!r}, _M)")
+        if col.nullable:
+            lines.append(f"    if {v} is _M or {v} is None:")
+            lines.append(f"        {v} = None")
+        else:
+            lines.append(f"    if {v} is _M or {v} is None:")
+            lines.append("        return _slow(raw)")
+        if check is not None:
+            lines.append(f"    elif not ({check}):")
+        else:
+            lines.append("    else:")
+        lines.append("        try:")
+        lines.append(f"            {v} = _c{i}({v})")
+        lines.append("        except Exception:")
+        lines.append("            return _slow(raw)")
+    items = ", ".join(f"{c.name!r}: v{i}" for i, c in enumerate(schema.columns))
+    lines.append(f"    return {{{items}}}")
+    exec(compile("\n".join(lines), "<insert-coercer>", "exec"), env)  # noqa: S102 - names only
+    fn: Callable[[object], dict[str, Any]] = env["coerce"]
+    return fn
 
 
 def _int(t: str) -> Any:

@@ -60,6 +60,11 @@ class PayloadTooLarge(ServiceError):
     code = "payload_too_large"
 
 
+class UnsupportedMediaType(ServiceError):
+    status = 415
+    code = "unsupported_media_type"
+
+
 class Invalid(ServiceError):
     status = 422
     code = "invalid"

@@ -78,6 +78,12 @@ class Settings(BaseSettings):
         le=1024 * 1024 * 1024,
         description="larger request bodies are refused with a 413 before they are parsed",
     )
+    max_bulk_body_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024 * 1024,
+        description="larger NDJSON or CSV DML bodies (read as they come) are refused with a 413",
+    )
     max_event_streams_per_token: int = Field(
         default=100,
         ge=1,

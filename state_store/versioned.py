@@ -14,6 +14,7 @@ tuples in the schema's column order; identifiers are always quoted with
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import io
@@ -36,6 +37,8 @@ COPY_CHUNK = 1 << 20  # bytes per round of COPY data (psycopg2 sends 8 kB by def
 # lines per piece of a streamed COPY: small enough that Postgres starts parsing early
 # and the last piece (which nothing overlaps) is short, big enough to amortize the calls
 LINES_PER_CHUNK = 2_000
+# records per piece of a bulk COPY (``copy_csv_rows``), each sorted by vnode
+BULK_LINES_PER_CHUNK = 10_000
 VNODE, EPOCH, DELETED = "_vnode", "_epoch", "_deleted"
 
 
@@ -51,6 +54,22 @@ def _as_text(name: str, t: ColumnType) -> sql.Composable:
     if t is ColumnType.TIMESTAMPTZ:
         return sql.SQL("({} AT TIME ZONE 'UTC')").format(sql.Identifier(name))
     return sql.Identifier(name)
+
+
+_INT_TYPES = (ColumnType.SMALLINT, ColumnType.INT, ColumnType.BIGINT)
+
+
+def _array_text(t: ColumnType, values: Iterable[Any]) -> Any:
+    """An array parameter as the text of one array constant (``'{1,2}'``): the driver's
+    ``ARRAY[1, 2, ...]`` is an expression of one node per element, and planning one of
+    10,000 keys took longer than running the lookups. Types other than integers and text
+    keep the driver's form."""
+    if t in _INT_TYPES:
+        return "{" + ",".join(map(str, values)) + "}"
+    if t is ColumnType.TEXT:
+        quoted = (v.replace("\\", "\\\\").replace('"', '\\"') for v in values)
+        return '{"' + '","'.join(quoted) + '"}'
+    return list(values)
 
 
 class _LineStream:
@@ -70,6 +89,16 @@ class _LineStream:
     def everything(self) -> str:
         self._read.extend(self._chunks)
         return "".join(self._read)
+
+
+class _ByteStream:
+    """A file for ``copy_expert`` that reads its data from an iterator of chunks."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+
+    def read(self, size: int = -1) -> bytes:
+        return next(self._chunks, b"")
 
 
 @contextmanager
@@ -153,6 +182,7 @@ class VersionedTable:
         self._decode = row_decoder(types)
         self._decode_values = row_decoder([schema.column(n).type for n in self.values])
         self.decode_key = row_decoder(list(schema.pk_types))
+        self._pk_types = list(schema.pk_types)
 
     @property
     def storage_columns(self) -> list[str]:
@@ -315,6 +345,149 @@ class VersionedTable:
             cur.execute("ROLLBACK TO SAVEPOINT store_write")
             self._upsert(cur, io.BytesIO(data), csv=True)
         cur.execute("RELEASE SAVEPOINT store_write")
+
+    def copy_csv_rows(
+        self,
+        cur: Any,
+        epoch: int,
+        columns: Sequence[str],
+        records: Iterable[tuple[int, Row, bytes]],
+        sent: list[int],
+        *,
+        force_not_null: Sequence[str] = (),
+        into: sql.Composable | None = None,
+    ) -> None:
+        """Insert live versions at ``epoch`` of rows given as CSV records of ``columns``
+        (each as ``(tag, key, text)``: a number of the caller's, the primary key, typed,
+        and the text, ending in a newline), in one COPY
+        that sends each record as it is behind its vnode, epoch and deleted flag: Postgres
+        reads the values. ``force_not_null``: columns whose empty field is an empty
+        string, not null. A key with a version at ``epoch`` already is the driver's
+        UniqueViolation; any other error is the driver's too (its context names the
+        record, ``COPY <table>, line <n>``: the tag of record n is ``sent[n - 1]``, as
+        records are sent in vnode order). ``into``: a staging table of this layout
+        (``create_staging``) instead of the table."""
+        vnodes = range(self.schema.vnode_count)
+        prefixes = [b"%d,%d,f," % (vnode, epoch) for vnode in vnodes]
+        vnode_of_key = self._vnode_of_key
+
+        def chunks() -> Iterator[bytes]:
+            # each piece in vnode order (input order within a vnode): records in key order
+            # (a load's usual order) reach the key index in its order, and a piece's rows
+            # of one vnode touch its pages once; unsorted, they cost a third of the COPY
+            buckets: list[list[bytes]] = [[] for _ in vnodes]
+            tags: list[list[int]] = [[] for _ in vnodes]
+            pending = 0
+
+            def piece() -> bytes:
+                for vnode_tags in tags:
+                    sent.extend(vnode_tags)
+                    vnode_tags.clear()
+                text = b"".join([b"".join(b) for b in buckets])
+                for b in buckets:
+                    b.clear()
+                return text
+
+            for tag, key, record in records:
+                vnode = vnode_of_key(key)
+                buckets[vnode].append(prefixes[vnode] + record)
+                tags[vnode].append(tag)
+                pending += 1
+                if pending == BULK_LINES_PER_CHUNK:
+                    yield piece()
+                    pending = 0
+            if pending:
+                yield piece()
+
+        target = self.ident if into is None else into
+        options = sql.SQL("FORMAT csv")
+        if force_not_null:
+            options += sql.SQL(", FORCE_NOT_NULL ({})").format(_ids(force_not_null))
+        copy = sql.SQL("COPY {} ({}) FROM STDIN WITH ({})").format(
+            target, _ids([VNODE, EPOCH, DELETED, *columns]), options
+        )
+        with _collector_paused():
+            cur.copy_expert(copy, _ByteStream(chunks()), size=COPY_CHUNK)
+
+    def has_versions(self, cur: Any, epoch: int) -> tuple[bool, bool]:
+        """Whether the table holds any version, and any at ``epoch``."""
+        cur.execute(
+            sql.SQL(
+                "SELECT EXISTS (SELECT 1 FROM {t}), EXISTS (SELECT 1 FROM {t} WHERE {ep} = %s)"
+            ).format(t=self.ident, ep=sql.Identifier(EPOCH)),
+            [epoch],
+        )
+        anything, at_epoch = cur.fetchone()
+        return bool(anything), bool(at_epoch)
+
+    def create_staging(self, cur: Any) -> sql.Composable:
+        """A temporary table of this one's layout and key index, dropped at commit."""
+        staging = sql.Identifier(f"{self._internal_prefix}_bulk")
+        cur.execute(
+            sql.SQL(
+                "CREATE TEMP TABLE {} (LIKE {} INCLUDING DEFAULTS INCLUDING INDEXES) ON COMMIT DROP"
+            ).format(staging, self.ident)
+        )
+        return staging
+
+    def insert_from(self, cur: Any, staging: sql.Composable) -> None:
+        """Write the versions of ``staging``, the last write of a key in an epoch winning."""
+        cols = _ids(self._storage_cols)
+        cur.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(self.ident, cols, cols, staging)
+            + self.last_write_wins
+        )
+
+    def _written(self, epoch: int, staging: sql.Composable | None) -> sql.Composable:
+        """The versions a bulk write made: ``staging``'s, or all of ``epoch``'s."""
+        if staging is not None:
+            return sql.SQL("{} n").format(staging)
+        return sql.SQL("{} n WHERE n.{} = {}").format(
+            self.ident, sql.Identifier(EPOCH), sql.Literal(epoch)
+        )
+
+    def first_live_key(self, cur: Any, epoch: int, staging: sql.Composable | None) -> Row | None:
+        """A key of the versions written (``_written``) whose latest earlier version is
+        live: an insert of a key that existed. Earlier: before ``epoch``, or up to it for
+        versions still in ``staging``."""
+        where = sql.SQL(" AND ") if staging is None else sql.SQL(" WHERE ")
+        before = sql.SQL("<") if staging is None else sql.SQL("<=")
+        q = sql.SQL(
+            "SELECT {keys} FROM {written}{where}(SELECT NOT o.{dl} FROM {t} o WHERE {match} "
+            "AND o.{ep} {before} %s ORDER BY o.{ep} DESC LIMIT 1) LIMIT 1"
+        ).format(
+            keys=_ids(self.pk, "n"),
+            written=self._written(epoch, staging),
+            where=where,
+            dl=sql.Identifier(DELETED),
+            t=self.ident,
+            match=sql.SQL(" AND ").join(
+                sql.SQL("o.{0} = n.{0}").format(sql.Identifier(c)) for c in [VNODE, *self.pk]
+            ),
+            ep=sql.Identifier(EPOCH),
+            before=before,
+        )
+        cur.execute(q, [epoch])
+        row = cur.fetchone()
+        return None if row is None else self.decode_key(row)
+
+    def first_nonfinite_key(
+        self, cur: Any, epoch: int, columns: Sequence[str], staging: sql.Composable | None
+    ) -> Row | None:
+        """A key of the versions written whose ``columns`` hold NaN or an infinity."""
+        where = sql.SQL(" AND (") if staging is None else sql.SQL(" WHERE (")
+        q = sql.SQL("SELECT {keys} FROM {written}{where}{test}) LIMIT 1").format(
+            keys=_ids(self.pk, "n"),
+            written=self._written(epoch, staging),
+            where=where,
+            test=sql.SQL(" OR ").join(
+                sql.SQL("n.{} IN ('NaN', 'Infinity', '-Infinity')").format(sql.Identifier(c))
+                for c in columns
+            ),
+        )
+        cur.execute(q)
+        row = cur.fetchone()
+        return None if row is None else self.decode_key(row)
 
     def _upsert(self, cur: Any, buf: Any, csv: bool = False) -> None:
         staging = sql.Identifier(f"{self._internal_prefix}_staging")
@@ -574,22 +747,37 @@ class VersionedTable:
         return out
 
     def latest_versions(self, cur: Any, epoch: int, keys: Sequence[Row]) -> dict[Row, Row]:
-        """The rows visible at ``epoch`` for the given primary keys (absent keys omitted)."""
+        """The rows visible at ``epoch`` for the given primary keys (absent keys omitted).
+
+        The keys travel as one array per key column (``unnest``): a ``VALUES`` list of
+        10,000 keys cost more to compose and parse than the lookups themselves."""
         if not keys:
             return {}
-        by_vnode = [(self.vnode_of_key(k), k) for k in keys]
-        values_sql = sql.SQL(", ").join(
-            sql.SQL("({})").format(sql.SQL(", ").join(sql.Placeholder() * (1 + len(self.pk))))
-            for _ in by_vnode
-        )
-        params: list[Any] = [x for vn, k in by_vnode for x in (vn, *k)]
-        q = sql.SQL(
-            "SELECT {cols}, {dl} FROM (VALUES {vals}) AS k({kcols}) CROSS JOIN LATERAL "
+        columns: list[Any] = [_array_text(ColumnType.SMALLINT, map(self._vnode_of_key, keys))]
+        columns += [_array_text(t, [k[i] for k in keys]) for i, t in enumerate(self._pk_types)]
+        cur.execute(self._latest_query, [*columns, epoch])
+        out = {}
+        decode, key_of = self._decode, self.key_of
+        for r in cur.fetchall():
+            if not r[-1]:
+                row = decode(r[:-1])
+                out[key_of(row)] = row
+        return out
+
+    @functools.cached_property
+    def _latest_query(self) -> sql.Composed:
+        # the bare type: a collation (text's "C") has no place in a cast and no effect on =
+        arrays = [sql.SQL("%s::smallint[]")] + [
+            sql.SQL("%s::{}[]").format(sql.SQL(self.schema.column(n).type.sql.split(" COLLATE")[0]))
+            for n in self.pk
+        ]
+        return sql.SQL(
+            "SELECT {cols}, {dl} FROM unnest({arrays}) AS k({kcols}) CROSS JOIN LATERAL "
             "(SELECT * FROM {t} v WHERE {match} AND v.{ep} <= %s ORDER BY v.{ep} DESC LIMIT 1) x"
         ).format(
             cols=_ids(self.names, "x"),
             dl=sql.Identifier("x", DELETED),
-            vals=values_sql,
+            arrays=sql.SQL(", ").join(arrays),
             kcols=_ids([VNODE, *self.pk]),
             t=self.ident,
             match=sql.SQL(" AND ").join(
@@ -597,13 +785,6 @@ class VersionedTable:
             ),
             ep=sql.Identifier(EPOCH),
         )
-        cur.execute(q, [*params, epoch])
-        out = {}
-        for r in cur.fetchall():
-            if not r[-1]:
-                row = self._decode(r[:-1])
-                out[self.key_of(row)] = row
-        return out
 
     def vnode_of_key(self, key: Row) -> int:
         return self._vnode_of_key(key)

@@ -15,6 +15,7 @@ from service import migrate
 from service.api import (
     changes,
     dashboard,
+    dml_bodies,
     events,
     exports,
     health,
@@ -111,7 +112,12 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
         dependencies=[Depends(reject_unknown_query)],
     )
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        streamed_max_bytes=settings.max_bulk_body_bytes,
+        streamed=dml_bodies.is_streamed,
+    )
     if authority is not None:  # outside the body limit: anonymous bodies are never read
         app.add_middleware(BearerAuth, authority=authority, open_paths=settings.open_paths)
         document_security(app, settings.open_paths)
@@ -128,7 +134,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     app.include_router(workers.router)
     app.include_router(metrics.router)
     app.include_router(dashboard.router)
-    document_raw_bodies(app, workers.RAW_BODY_MODELS)
+    document_raw_bodies(app, [*workers.RAW_BODY_MODELS, tables.DmlRequest])
     document_components(app, event_components)
     # every operation reads the catalog but the liveness probe (and the readiness
     # probe's 503 is its own)

@@ -32,7 +32,7 @@ M = TypeVar("M", bound=BaseModel)
 
 # the only ways JSON text can spell a NUL or a lone surrogate (raw control characters and
 # invalid UTF-8 are not JSON); a body without them needs no text check
-_SUSPECT = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
+SUSPECT_ESCAPES = re.compile(rb"\\u(?:0000|[dD][89a-fA-F])")
 
 
 async def _raw_body(request: Request) -> bytes:
@@ -49,7 +49,7 @@ def parse_body(model: type[M], raw: bytes) -> M:
             [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
         )
     try:
-        if _SUSPECT.search(raw) is None:
+        if SUSPECT_ESCAPES.search(raw) is None:
             return model.model_validate_json(raw, context=TEXT_CHECKED)
         # rare: Python's parser keeps lone surrogates for the text check to name them
         try:

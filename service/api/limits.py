@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 from fastapi import Request
@@ -100,26 +100,44 @@ class RequestBody(BaseModel):
 
 
 class BodySizeLimit:
-    """Pure ASGI middleware: refuse request bodies over ``max_bytes`` with a 413."""
+    """Pure ASGI middleware: refuse request bodies over ``max_bytes`` with a 413.
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    A request that ``streamed(scope)`` names (a bulk DML body) is not read here: it may
+    be as large as ``streamed_max_bytes``, and its route reads it as it comes; past the
+    limit, reading it raises the 413."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        streamed_max_bytes: int = 0,
+        streamed: Callable[[Scope], bool] | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.streamed_max_bytes = streamed_max_bytes
+        self.streamed = streamed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        length = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        streamed = self.streamed is not None and self.streamed(scope)
+        limit = self.streamed_max_bytes if streamed else self.max_bytes
+        length = headers.get(b"content-length")
         if length is not None:
             try:
                 declared = int(length)
             except ValueError:
                 await self._refuse(scope, receive, send, BadRequest("invalid Content-Length"))
                 return
-            if declared > self.max_bytes:
-                await self._refuse(scope, receive, send, self._too_large())
+            if declared > limit:
+                await self._refuse(scope, receive, send, self._too_large(limit))
                 return
+        if streamed:
+            await self.app(scope, self._counted(receive, limit), send)
+            return
         # read the body here (a chunked one has no length to check), then hand it on
         chunks: list[bytes] = []
         size = 0
@@ -130,7 +148,7 @@ class BodySizeLimit:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_bytes:
-                await self._refuse(scope, receive, send, self._too_large())
+                await self._refuse(scope, receive, send, self._too_large(self.max_bytes))
                 return
             chunks.append(chunk)
             if not message.get("more_body", False):
@@ -143,10 +161,27 @@ class BodySizeLimit:
 
         await self.app(scope, replay, send)
 
-    def _too_large(self) -> PayloadTooLarge:
+    def _counted(self, receive: Receive, limit: int) -> Receive:
+        """``receive`` that raises the 413 once the body grows past ``limit``."""
+        size = 0
+
+        async def counted() -> Message:
+            nonlocal size
+            message = await receive()
+            if message["type"] == "http.request":
+                size += len(message.get("body", b""))
+                if size > limit:
+                    raise self._too_large(limit)
+            return message
+
+        return counted
+
+    @staticmethod
+    def _too_large(limit: int) -> PayloadTooLarge:
         return PayloadTooLarge(
-            f"the request body is larger than {self.max_bytes} bytes",
-            {"max_bytes": self.max_bytes},
+            f"the request body is larger than {limit} bytes",
+            {"max_bytes": limit},
+            headers={"Connection": "close"},  # the rest of the body is not read
         )
 
     @staticmethod

@@ -9,7 +9,9 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from backfill_core.schema import MAX_VNODE_COUNT, Column, SchemaError, TableSchema, parse_type
+from service.api.bodies import parse_body
 from service.api.deps import get_ctx
+from service.api.dml_bodies import DmlBody, bulk_reader, csv_reader, dml_body, json_ops
 from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import EPOCH_GONE, ERROR_RESPONSES
 from service.api.idempotency import IdempotencyHeader, idempotent
@@ -19,6 +21,7 @@ from service.catalog import reader_views
 from service.catalog.models import Relation
 from service.context import ServiceContext
 from service.errors import Invalid
+from service.heap import collector_paused
 from service.usecases import tables
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=ERROR_RESPONSES)
@@ -181,23 +184,64 @@ def drop_table(name: str, ctx: Ctx) -> Response:
     return Response(status_code=204)
 
 
+_TEXT_BODY = {"type": "string"}
+DML_BODY_OPENAPI = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/DmlRequest"}},
+            "application/x-ndjson": {
+                "schema": _TEXT_BODY
+                | {
+                    "description": "one op a line, each as an item of DmlRequest.ops; no cap "
+                    "on the ops, BACKFILL_MAX_BULK_BODY_BYTES on the body"
+                },
+                "example": '{"op": "insert", "row": {"id": 1, "customer": "ada"}}\n'
+                '{"op": "delete", "row": {"id": 2}}\n',
+            },
+            "text/csv": {
+                "schema": _TEXT_BODY
+                | {
+                    "description": "a header line of column names, then one row to insert a "
+                    "line; an empty field is null; BACKFILL_MAX_BULK_BODY_BYTES on the body"
+                },
+                "example": "id,customer,amount\n1,ada,250.00\n2,bob,\n",
+            },
+        },
+    }
+}
+UNSUPPORTED = {415: ERROR_RESPONSES[404] | {"description": "Unsupported Content-Type"}}
+
+
 @router.post(
     "/{name}/dml",
     response_model=DmlResult,
-    responses={504: ERROR_RESPONSES[404] | {"description": "Not committed in time"}},
+    responses={504: ERROR_RESPONSES[404] | {"description": "Not committed in time"}} | UNSUPPORTED,
     operation_id="applyTableDml",
+    openapi_extra=DML_BODY_OPENAPI,
 )
 def apply_dml(
     name: str,
-    body: DmlRequest,
+    body: Annotated[DmlBody, Depends(dml_body)],
     ctx: Ctx,
     wait: Annotated[
         bool,
         Query(description="return only once the batch's epoch is committed (readable by default)"),
     ] = False,
 ) -> DmlResult:
-    ops = [tables.DmlOp(o.op, o.row) for o in body.ops]
-    epoch, count = tables.apply_dml(ctx.db, name, ops, ctx.clock)
+    # the body by its Content-Type: JSON (DmlRequest, at most 10,000 ops), NDJSON or CSV
+    # (docs/api.md#bulk-dml); every op is applied at one epoch, or none is
+    with collector_paused():
+        if body.kind == "json":
+            ops = json_ops(body.raw, MAX_DML_OPS)
+            if ops is None:  # the model says what is wrong (or reads what json_ops did not)
+                parsed = parse_body(DmlRequest, body.raw)
+                ops = [tables.DmlOp(o.op, o.row) for o in parsed.ops]
+            epoch, count = tables.apply_dml(ctx.db, name, ops, ctx.clock)
+        elif body.kind == "ndjson":
+            epoch, count = tables.apply_bulk_dml(ctx.db, name, bulk_reader(body), ctx.clock)
+        else:
+            epoch, count = tables.apply_csv_inserts(ctx.db, name, csv_reader(body), ctx.clock)
     if wait:
         tables.wait_readable(ctx.db, epoch, WAIT_TIMEOUT_S)
     return DmlResult(epoch=epoch, count=count)

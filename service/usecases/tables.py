@@ -9,15 +9,18 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
+import psycopg2
+import psycopg2.errors
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from backfill_core.changes import Row, Version
-from backfill_core.schema import SchemaError, TableSchema, validate_identifier
+from backfill_core.schema import ColumnType, SchemaError, TableSchema, validate_identifier
 from service.catalog import idempotency, reader_views
 from service.catalog.models import MAIN_GRAPH_ID, Job, Relation
 from service.catalog.queries import (
@@ -29,7 +32,7 @@ from service.catalog.queries import (
 )
 from service.clock import Clock
 from service.db import Database, raw_cursor, retry_deadlocks
-from service.errors import BadRequest, Conflict, Gone, Invalid, Timeout
+from service.errors import BadRequest, Conflict, Gone, Invalid, ServiceError, Timeout
 from service.meta.epochs import open_dml_epoch, wait_committed
 
 
@@ -109,37 +112,223 @@ def drop_table(db: Database, name: str) -> None:
         s.delete(rel)
 
 
+# (position -> the prefix of an error's message and its details): ``ops[i]`` and the
+# op's index in a JSON body, ``line n`` and the line in a bulk body
+Where = Callable[[int], tuple[str, dict[str, Any]]]
+# ops of a bulk body checked and written together (their keys looked up in one query)
+BULK_BATCH = 20_000
+
+
+def at_index(index: int) -> tuple[str, dict[str, Any]]:
+    return f"ops[{index}]", {"index": index}
+
+
+def at_line(line: int) -> tuple[str, dict[str, Any]]:
+    return f"line {line}", {"line": line}
+
+
 @retry_deadlocks
 def apply_dml(db: Database, name: str, ops: Sequence[DmlOp], clock: Clock) -> tuple[int, int]:
     """Apply a batch atomically at the open epoch; returns (epoch, count)."""
     with db.transaction() as s:
-        rel = get_relation(s, name, lock=True)  # DML on one table is serialized; drop waits
-        if rel.kind != "table":
+        writer = _DmlWriter(s, name, clock)
+        writer.apply(_parse_ops(writer.schema, enumerate(ops), at_index), at_index)
+        return writer.finish(), len(ops)
+
+
+@retry_deadlocks
+def apply_bulk_dml(
+    db: Database,
+    name: str,
+    read_ops: Callable[[TableSchema], Iterable[tuple[int, DmlOp]]],
+    clock: Clock,
+) -> tuple[int, int]:
+    """Apply the ops of a bulk body (``(line, op)`` pairs from ``read_ops(schema)``, which
+    raises a 4xx naming the line of one it cannot read) atomically at the open epoch, in
+    batches of ``BULK_BATCH``: a batch's lookups see the batches written before it in the
+    same transaction. Returns (epoch, count)."""
+    with db.transaction() as s:
+        writer = _DmlWriter(s, name, clock)
+        count = 0
+        batch: list[tuple[int, DmlOp]] = []
+        for item in read_ops(writer.schema):
+            batch.append(item)
+            if len(batch) == BULK_BATCH:
+                writer.apply(_parse_ops(writer.schema, batch, at_line), at_line)
+                count += len(batch)
+                batch = []
+        if batch:
+            writer.apply(_parse_ops(writer.schema, batch, at_line), at_line)
+            count += len(batch)
+        if not count:
+            raise Invalid("the body holds no ops", {"line": 1})
+        return writer.finish(), count
+
+
+class CsvRowsLike(Protocol):
+    """A CSV body's rows (``service.api.dml_bodies.CsvRows``)."""
+
+    header: list[str]
+    not_null: list[str]
+    records: Iterator[tuple[int, Row, bytes]]
+
+
+@retry_deadlocks
+def apply_csv_inserts(
+    db: Database, name: str, read_csv: Callable[[TableSchema], CsvRowsLike], clock: Clock
+) -> tuple[int, int]:
+    """Insert the rows of a CSV body atomically at the open epoch, with one COPY of its
+    records into the table (Postgres reads the values: docs/api.md#bulk-dml); a record
+    that does not fit, or a key that exists, is a 4xx naming its line and writes nothing.
+    Returns (epoch, count)."""
+    with db.transaction() as s:
+        writer = _DmlWriter(s, name, clock)
+        table, cur, epoch = writer.table, writer.cur, writer.epoch
+        rows = read_csv(writer.schema)
+        cur.execute("SET LOCAL TimeZone = 'UTC'")  # a timestamptz without an offset is UTC
+        # no earlier version of any key in an empty table; versions at the open epoch (an
+        # earlier batch's) would clash with the COPY's, which then goes to a staging table
+        had_rows, had_epoch = table.has_versions(cur, epoch)
+        sent: list[int] = []  # the lines of the records, in the order Postgres got them
+        failed: list[ServiceError] = []
+
+        def records() -> Iterator[tuple[int, Row, bytes]]:
+            try:
+                yield from rows.records
+            except ServiceError as e:  # the driver would only say that read() failed
+                failed.append(e)
+                raise
+
+        staging = table.create_staging(cur) if had_epoch else None
+        try:
+            table.copy_csv_rows(
+                cur,
+                epoch,
+                rows.header,
+                records(),
+                sent,
+                force_not_null=rows.not_null,
+                into=staging,
+            )
+        except psycopg2.Error as e:
+            if failed:
+                raise failed[0] from None
+            raise _copy_error(e, sent, read_csv, writer.schema) from None
+        lines = sent
+        if not lines:
+            raise Invalid("the body holds no rows", {"line": 1})
+        _check_finite(cur, table, writer.schema, rows.header, epoch, staging, read_csv)
+        if had_rows:
+            conflict = table.first_live_key(cur, epoch, staging)
+            if conflict is not None:
+                line = _line_of(read_csv, writer.schema, conflict)
+                raise Conflict(
+                    f"line {line}: insert of a key that already exists",
+                    {"line": line, "key": list(conflict)},
+                )
+        if staging is not None:
+            table.insert_from(cur, staging)
+        writer.delta = len(lines)
+        return writer.finish(), len(lines)
+
+
+_COPY_LINE = re.compile(r"COPY [^,]+, line (\d+)(?:, column (\w+))?")
+
+
+def _copy_error(
+    e: psycopg2.Error,
+    lines: Sequence[int],
+    read_csv: Callable[[TableSchema], CsvRowsLike],
+    schema: TableSchema,
+) -> Exception:
+    """A failed COPY as the 4xx naming the body's line (Postgres names the record)."""
+    diag = e.diag
+    found = _COPY_LINE.search(diag.context or "")
+    if found is None or not (e.pgcode or "").startswith(("22", "23")):
+        return e  # not the data's fault
+    record = int(found.group(1))
+    line = lines[record - 1] if record <= len(lines) else 0
+    if isinstance(e, psycopg2.errors.UniqueViolation):  # the key is earlier in the body
+        key = _key_at(read_csv, schema, line)
+        return Conflict(
+            f"line {line}: insert of a key that already exists",
+            {"line": line, "key": list(key) if key is not None else None},
+        )
+    column = found.group(2)
+    where = f" (column {column!r})" if column else ""
+    details: dict[str, Any] = {"line": line} | ({"column": column} if column else {})
+    return Invalid(f"line {line}: {diag.message_primary}{where}", details)
+
+
+def _key_at(
+    read_csv: Callable[[TableSchema], CsvRowsLike], schema: TableSchema, line: int
+) -> Row | None:
+    return next((k for n, k, _ in read_csv(schema).records if n == line), None)
+
+
+def _line_of(read_csv: Callable[[TableSchema], CsvRowsLike], schema: TableSchema, key: Row) -> int:
+    return next((n for n, k, _ in read_csv(schema).records if k == key), 0)
+
+
+def _check_finite(
+    cur: Any,
+    table: Any,
+    schema: TableSchema,
+    header: list[str],
+    epoch: int,
+    staging: Any,
+    read_csv: Callable[[TableSchema], CsvRowsLike],
+) -> None:
+    """Postgres reads NaN and infinity into double and numeric columns; JSON, and so the
+    service, has neither."""
+    numbers = [
+        n for n in header if schema.column(n).type in (ColumnType.DOUBLE, ColumnType.NUMERIC)
+    ]
+    if not numbers:
+        return
+    key = table.first_nonfinite_key(cur, epoch, numbers, staging)
+    if key is not None:
+        line = _line_of(read_csv, schema, key)
+        raise Invalid(
+            f"line {line}: NaN and infinity are not accepted", {"line": line, "key": list(key)}
+        )
+
+
+class _DmlWriter:
+    """The DML of one transaction into one table at the open epoch: ops are applied in
+    batches, each checked against the rows the earlier ones left."""
+
+    def __init__(self, s: Any, name: str, clock: Clock) -> None:
+        self.session = s
+        self.rel = get_relation(s, name, lock=True)  # DML on one table is serialized; drop waits
+        if self.rel.kind != "table":
             raise Conflict(f"{name!r} is a materialized view and is read-only", {"name": name})
-        schema = TableSchema.from_json(rel.schema)
-        parsed = _parse_ops(schema, ops)
-        epoch = open_dml_epoch(s, clock())
-        table = storage_of(rel)
-        cur = raw_cursor(s)
-        keys = list(dict.fromkeys(k for _, k, _ in parsed))
+        self.schema = TableSchema.from_json(self.rel.schema)
+        self.names = self.schema.names
+        self.epoch = open_dml_epoch(s, clock())
+        self.table = storage_of(self.rel)
+        self.cur = raw_cursor(s)
+        self.delta = 0
+
+    def apply(self, parsed: list[tuple[int, str, Row, dict[str, Any]]], where: Where) -> None:
+        if not parsed:
+            return
+        names, table = self.names, self.table
+        keys = list(dict.fromkeys(k for _, _, k, _ in parsed))
         state: dict[Row, Row | None] = dict.fromkeys(keys)
-        state.update(table.latest_versions(cur, epoch, keys))
+        state.update(table.latest_versions(self.cur, self.epoch, keys))
         before = dict(state)
-        for index, (op, key, row) in enumerate(parsed):
+        for position, op, key, row in parsed:
             current = state[key]
             if op == "insert":
                 if current is not None:
-                    raise Conflict(
-                        "insert of a key that already exists", {"index": index, "key": list(key)}
-                    )
-                state[key] = _full_row(schema, row)
+                    raise _key_conflict("insert of a key that already exists", position, key, where)
+                state[key] = tuple(row.values())  # an insert's row has every column, in order
             elif current is None:
-                raise Conflict(
-                    f"{op} of a key that does not exist", {"index": index, "key": list(key)}
-                )
+                raise _key_conflict(f"{op} of a key that does not exist", position, key, where)
             elif op == "update":
-                merged = dict(zip(schema.names, current, strict=True)) | row
-                state[key] = _full_row(schema, merged)
+                merged = dict(zip(names, current, strict=True)) | row
+                state[key] = tuple(merged.get(n) for n in names)
             else:
                 state[key] = None
         versions = [
@@ -147,12 +336,21 @@ def apply_dml(db: Database, name: str, ops: Sequence[DmlOp], clock: Clock) -> tu
             for key, row in state.items()
             if row != before[key]
         ]
-        table.write(cur, epoch, versions)
-        delta = sum(row is not None for row in state.values()) - sum(
+        table.write(self.cur, self.epoch, versions)
+        self.delta += sum(row is not None for row in state.values()) - sum(
             row is not None for row in before.values()
         )
-        add_row_count_delta(s, rel.id, epoch, delta)
-        return epoch, len(ops)
+
+    def finish(self) -> int:
+        add_row_count_delta(self.session, self.rel.id, self.epoch, self.delta)
+        return int(self.epoch)
+
+
+def _key_conflict(message: str, position: int, key: Row, where: Where) -> Conflict:
+    prefix, details = where(position)
+    if "index" in details:  # a JSON body's conflicts say the index in the details only
+        return Conflict(message, details | {"key": list(key)})
+    return Conflict(f"{prefix}: {message}", details | {"key": list(key)})
 
 
 def wait_readable(db: Database, epoch: int, timeout_s: float) -> None:
@@ -164,31 +362,32 @@ def wait_readable(db: Database, epoch: int, timeout_s: float) -> None:
         )
 
 
-def _full_row(schema: TableSchema, row: dict[str, Any]) -> Row:
-    return tuple(row.get(n) for n in schema.names)
-
-
-def _parse_ops(schema: TableSchema, ops: Sequence[DmlOp]) -> list[tuple[str, Row, dict[str, Any]]]:
+def _parse_ops(
+    schema: TableSchema, ops: Iterable[tuple[int, DmlOp]], where: Where
+) -> list[tuple[int, str, Row, dict[str, Any]]]:
     out = []
-    for index, op in enumerate(ops):
+    coerce_row, pk, primary_key = schema.coerce_row, schema.pk_of, schema.primary_key
+    coerce_insert = schema.insert_coercer()
+    for position, op in ops:
         try:
             if op.op == "insert":
-                row = schema.coerce_row(op.row, full=True)
-                key = schema.pk_of(row)
+                row = coerce_insert(op.row)
+                key = pk(row)
             elif op.op == "update":
-                row = schema.coerce_row(op.row, full=False)
-                missing = [n for n in schema.primary_key if n not in row]
+                row = coerce_row(op.row, full=False)
+                missing = [n for n in primary_key if n not in row]
                 if missing:
                     raise SchemaError(f"update needs the key column(s): {', '.join(missing)}")
-                key = schema.pk_of(row)
+                key = pk(row)
             elif op.op == "delete":
                 key = schema.coerce_key(op.row)
                 row = {}
             else:
                 raise SchemaError(f"unknown op {op.op!r}; expected insert, update or delete")
         except SchemaError as e:
-            raise Invalid(f"ops[{index}]: {e.message}", {"index": index}) from None
-        out.append((op.op, key, row))
+            prefix, details = where(position)
+            raise Invalid(f"{prefix}: {e.message}", details) from None
+        out.append((position, op.op, key, row))
     return out
 
 

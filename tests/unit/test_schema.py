@@ -141,3 +141,62 @@ def test_json_round_trip() -> None:
         assert value_to_json(t, coerce_value(t, raw)) == raw
     tz = coerce_value(ColumnType.TIMESTAMPTZ, "2024-01-01T12:00:00+02:00")
     assert tz == dt.datetime(2024, 1, 1, 10, tzinfo=dt.UTC)
+
+
+def test_the_compiled_insert_coercer_answers_as_coerce_row() -> None:
+    schema = TableSchema.build(
+        [
+            Column("id", ColumnType.BIGINT, False),
+            Column("s", ColumnType.SMALLINT),
+            Column("d", ColumnType.DOUBLE),
+            Column("t", ColumnType.TEXT, False),
+            Column("b", ColumnType.BOOLEAN),
+            Column("n", ColumnType.NUMERIC),
+            Column("j", ColumnType.JSONB),
+            Column("ts", ColumnType.TIMESTAMPTZ),
+        ],
+        ["id"],
+    )
+    base = {"id": 1, "t": "x"}
+    rows: list[object] = [
+        base,
+        base | {"s": 5, "d": 2.5, "b": True, "n": "1.50", "j": {"a": [1]}, "ts": "2024-01-01Z"},
+        base | {"d": 0.0},
+        base | {"d": -0.0},
+        base | {"d": 3},
+        base | {"d": 4.0},
+        base | {"d": float("nan")},
+        base | {"d": float("inf")},
+        base | {"d": True},
+        base | {"s": 2**15},
+        base | {"s": -(2**15)},
+        base | {"s": 1.0},
+        base | {"s": 1.5},
+        base | {"s": False},
+        base | {"id": 2**63},
+        base | {"id": None},
+        {"t": "x"},
+        base | {"t": "é"},
+        base | {"t": "a\x00"},
+        base | {"t": "\ud800"},
+        base | {"t": 5},
+        base | {"b": 1},
+        base | {"n": 1e400},
+        base | {"j": float("nan")},
+        base | {"ts": "2024-01-01T00:00:00"},
+        base | {"nope": 1},
+        base | {"s": None},
+        [1, "x"],
+        "row",
+    ]
+    coerce = schema.insert_coercer()
+    for raw in rows:
+        try:
+            want: object = schema.coerce_row(raw, full=True)
+        except SchemaError as e:
+            want = e.message
+        try:
+            got: object = coerce(raw)
+        except SchemaError as e:
+            got = e.message
+        assert repr(got) == repr(want), raw

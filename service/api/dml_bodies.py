@@ -1,0 +1,302 @@
+"""The bodies ``POST /v1/tables/{name}/dml`` takes, told apart by ``Content-Type``.
+
+* ``application/json`` (or none): ``{"ops": [...]}``, at most ``MAX_DML_OPS`` ops, read
+  whole (``BACKFILL_MAX_BODY_BYTES``) and parsed in one pass; ``json_ops`` is its fast
+  path, for bodies that need no error message.
+* ``application/x-ndjson``: one op object a line, the shape of the JSON ops.
+* ``text/csv``: a header line of column names, then one row a line, each an insert.
+
+A bulk body (NDJSON or CSV) has no op cap: it is read as it comes
+(``BodySizeLimit`` lets it through up to ``BACKFILL_MAX_BULK_BODY_BYTES``) into a spool
+file, memory first and disk past ``SPOOL_IN_MEMORY``, and only then applied, in one
+transaction: a slow client does not hold the epoch open (barriers wait for DML) while
+it sends. A line that cannot be read is a 4xx naming it (``line n``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any, Literal
+
+from fastapi import Request
+from starlette.types import Scope
+
+from backfill_core.schema import ColumnType, TableSchema
+from service.api.bodies import SUSPECT_ESCAPES
+from service.errors import BadRequest, Invalid, UnsupportedMediaType
+from service.usecases.tables import DmlOp
+
+Kind = Literal["json", "ndjson", "csv"]
+MEDIA_TYPES: dict[str, Kind] = {
+    "application/json": "json",
+    "application/x-ndjson": "ndjson",
+    "text/csv": "csv",
+}
+SPOOL_IN_MEMORY = 16 * 1024 * 1024
+_DML_PATH = re.compile(r"/v1/tables/[^/]+/dml")
+_OPS = frozenset({"insert", "update", "delete"})
+_OP_KEYS = frozenset({"op", "row"})
+
+
+def body_kind(content_type: str | None) -> Kind:
+    """The body's kind from its ``Content-Type`` (none is JSON, as FastAPI reads it)."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if not media or media.endswith("+json"):
+        return "json"
+    kind = MEDIA_TYPES.get(media)
+    if kind is None:
+        raise UnsupportedMediaType(
+            f"Content-Type {media!r} is not taken here; use one of {', '.join(MEDIA_TYPES)}",
+            {"supported": list(MEDIA_TYPES)},
+        )
+    return kind
+
+
+def is_streamed(scope: Scope) -> bool:
+    """Whether ``BodySizeLimit`` lets the request's body through unread: a bulk DML body."""
+    if scope.get("method") != "POST" or not _DML_PATH.fullmatch(scope.get("path", "")):
+        return False
+    content_type = dict(scope["headers"]).get(b"content-type", b"").decode("latin-1")
+    try:
+        return body_kind(content_type) != "json"
+    except UnsupportedMediaType:
+        return False  # answered 415 after a read of at most the ordinary limit
+
+
+@dataclass(frozen=True)
+class CsvRows:
+    header: list[str]  # the columns, in the records' order
+    not_null: list[str]  # columns whose empty field is an empty string, not null
+    records: Iterator[tuple[int, tuple[Any, ...], bytes]]  # (line, key, text)
+
+
+@dataclass
+class DmlBody:
+    kind: Kind
+    raw: bytes = b""  # a JSON body
+    spool: IO[bytes] | None = None  # a bulk body, at its start
+
+
+async def dml_body(request: Request) -> AsyncIterator[DmlBody]:
+    """The request's DML body (a dependency): JSON whole, a bulk body spooled."""
+    kind = body_kind(request.headers.get("content-type"))
+    if kind == "json":
+        yield DmlBody(kind, raw=await request.body())
+        return
+    with tempfile.SpooledTemporaryFile(max_size=SPOOL_IN_MEMORY) as spool:
+        async for chunk in request.stream():
+            spool.write(chunk)
+        spool.seek(0)
+        yield DmlBody(kind, spool=spool)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def json_ops(raw: bytes, max_ops: int) -> list[DmlOp] | None:
+    """The ops of a JSON body that is valid as it stands, read with the standard library's
+    parser and a check of its shape (a fraction of the request model's time); None for any
+    body the model should read instead, to answer exactly as it does (its errors)."""
+    if SUSPECT_ESCAPES.search(raw) is not None:
+        return None
+    try:
+        data = json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        return None
+    if type(data) is not dict or data.keys() != {"ops"}:
+        return None
+    ops = data["ops"]
+    if type(ops) is not list or not 1 <= len(ops) <= max_ops:
+        return None
+    out = []
+    for o in ops:
+        if type(o) is not dict or o.keys() != _OP_KEYS or type(o["row"]) is not dict:
+            return None
+        op = o["op"]
+        if type(op) is not str or op not in _OPS:
+            return None
+        out.append(DmlOp(op, o["row"]))
+    return out
+
+
+# bulk bodies ----------------------------------------------------------------
+
+
+def bulk_reader(body: DmlBody) -> Callable[[TableSchema], Iterator[tuple[int, DmlOp]]]:
+    """``read_ops`` of ``tables.apply_bulk_dml``: reads the spool from its start each time
+    (a transaction retried after a deadlock reads it again)."""
+    spool = body.spool
+    assert spool is not None
+
+    def read_ops(schema: TableSchema) -> Iterator[tuple[int, DmlOp]]:
+        spool.seek(0)
+        return _ndjson_ops(spool)
+
+    return read_ops
+
+
+def _line_error(line: int, message: str, cls: type[BadRequest | Invalid] = Invalid) -> Exception:
+    return cls(f"line {line}: {message}", {"line": line})
+
+
+def _ndjson_ops(spool: IO[bytes]) -> Iterator[tuple[int, DmlOp]]:
+    for number, line in enumerate(spool, 1):
+        if not line.strip():
+            continue  # blank lines (a trailing one, say) hold no op
+        try:
+            o = json.loads(line, parse_constant=_reject_constant)
+        except ValueError as e:
+            raise BadRequest(
+                f"line {number}: not valid JSON ({e})", {"line": number}, code="malformed_json"
+            ) from None
+        except RecursionError:
+            raise _line_error(number, "JSON nested past the parser's depth", BadRequest) from None
+        if type(o) is not dict or o.keys() != _OP_KEYS:
+            raise _line_error(number, 'an op is an object with exactly "op" and "row"')
+        if type(o["op"]) is not str or o["op"] not in _OPS:
+            raise _line_error(number, '"op" must be "insert", "update" or "delete"')
+        if type(o["row"]) is not dict:
+            raise _line_error(number, '"row" must be an object')
+        yield number, DmlOp(o["op"], o["row"])
+
+
+_KEY_TYPES = {
+    ColumnType.SMALLINT: "int",
+    ColumnType.INT: "int",
+    ColumnType.BIGINT: "int",
+    ColumnType.TEXT: "text",
+}
+
+
+def _int_key(field: bytes | str) -> int:
+    try:
+        return int(field)
+    except ValueError:
+        return int(field, 0)  # Postgres 16 reads 0x1f, 0o17 and 0b1 too
+
+
+def _text_key(field: bytes | str) -> str:
+    return field.decode("utf-8") if isinstance(field, bytes) else field
+
+
+def csv_reader(body: DmlBody) -> Callable[[TableSchema], CsvRows]:
+    """``read_csv`` of ``tables.apply_csv_inserts``: reads the spool from its start each
+    time (the reading of a failed line's key, a retried transaction)."""
+    spool = body.spool
+    assert spool is not None
+
+    def read_csv(schema: TableSchema) -> CsvRows:
+        spool.seek(0)
+        return _csv_rows(spool, schema)
+
+    return read_csv
+
+
+def _csv_rows(spool: IO[bytes], schema: TableSchema) -> CsvRows:
+    lines = iter(spool)
+    first = next(lines, b"")
+    try:
+        header = next(csv.reader([first.decode("utf-8")], strict=True), [])
+    except (csv.Error, UnicodeDecodeError) as e:
+        raise _line_error(1, f"the header is not valid CSV ({e})", BadRequest) from None
+    for i, name in enumerate(header):
+        if not schema.has(name):
+            raise _line_error(1, f"unknown column {name!r} in the header")
+        if name in header[:i]:
+            raise _line_error(1, f"column {name!r} twice in the header")
+    missing = [c.name for c in schema.columns if not c.nullable and c.name not in header]
+    if missing:
+        raise _line_error(1, f"the header must name the column(s) {', '.join(missing)}")
+    kinds = [_KEY_TYPES.get(schema.column(n).type) for n in schema.primary_key]
+    if None in kinds:
+        raise Invalid(
+            "a CSV body takes a table whose primary key columns are integers or text; "
+            "send its rows as NDJSON",
+            {"primary_key": list(schema.primary_key)},
+        )
+    keys = [
+        (header.index(n), _int_key if k == "int" else _text_key)
+        for n, k in zip(schema.primary_key, kinds, strict=True)
+    ]
+    not_null = [c.name for c in schema.columns if not c.nullable]  # all in the header
+    return CsvRows(header, not_null, _csv_records(lines, keys))
+
+
+def _quoted_fields(record: str) -> list[str]:
+    """The fields of a CSV record holding quotes, as Postgres reads them (``csv`` reads
+    a quote inside an unquoted field as itself, Postgres as the start of a quoted part:
+    a key read the other way would put its row in the wrong vnode)."""
+    fields: list[str] = []
+    field: list[str] = []
+    quoted = False
+    i, n = 0, len(record)
+    while i < n:
+        c = record[i]
+        if quoted:
+            if c == '"':
+                if i + 1 < n and record[i + 1] == '"':
+                    field.append('"')
+                    i += 1
+                else:
+                    quoted = False
+            else:
+                field.append(c)
+        elif c == '"':
+            quoted = True
+        elif c == ",":
+            fields.append("".join(field))
+            field = []
+        else:
+            field.append(c)
+        i += 1
+    if quoted:
+        raise ValueError("a quoted field is not closed")
+    fields.append("".join(field))
+    return fields
+
+
+def _csv_records(
+    lines: Iterator[bytes], keys: Sequence[tuple[int, Callable[[Any], Any]]]
+) -> Iterator[tuple[int, tuple[Any, ...], bytes]]:
+    """(line, key, record) of each record; a record with quoted newlines spans lines."""
+    single = keys[0] if len(keys) == 1 else None  # the usual key, without a generator
+    number = 1
+    for raw in lines:
+        number += 1
+        start = number
+        fields: list[Any]
+        if b'"' in raw:
+            while raw.count(b'"') % 2:
+                more = next(lines, None)
+                if more is None:
+                    break
+                raw += more
+                number += 1
+            try:
+                fields = _quoted_fields(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError as e:
+                raise _line_error(start, f"not valid UTF-8 ({e})", BadRequest) from None
+            except ValueError as e:
+                raise _line_error(start, f"not valid CSV ({e})", BadRequest) from None
+        else:
+            if not raw.strip(b"\r\n"):
+                continue  # a blank line
+            fields = raw.rstrip(b"\r\n").split(b",")
+        try:
+            if single is not None:
+                key = (single[1](fields[single[0]]),)
+            else:
+                key = tuple(convert(fields[i]) for i, convert in keys)
+        except IndexError:
+            raise _line_error(start, "fewer fields than the header names") from None
+        except (ValueError, UnicodeDecodeError) as e:
+            raise _line_error(start, f"bad key: {e}") from None
+        if not raw.endswith(b"\n"):
+            raw += b"\n"
+        yield start, key, raw
