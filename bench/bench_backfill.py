@@ -23,6 +23,7 @@ import psycopg2
 
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
+from bench._figures import listed, seconds
 from bench._live import checkpoint, live_worker, time_until_indexed
 from bench._pg import fresh_database
 from bench._plain_copy import spark_copy
@@ -140,7 +141,7 @@ def _spark_copy(url: str, n: int, parts: int) -> float:
     return elapsed
 
 
-def _baseline_again(db: Database, url: str) -> float:
+def baseline_again(db: Database, url: str) -> float:
     """Seconds of another ``INSERT ... SELECT`` into the emptied ``plain_dst``."""
     conn = psycopg2.connect(to_libpq_url(url))
     try:
@@ -199,10 +200,6 @@ def _create_mvs(
     return out
 
 
-def _listed(values: list[float]) -> str:
-    return ", ".join(f"{v:.2f}" for v in values)
-
-
 def run(quick: bool) -> list[dict[str, Any]]:
     """Medians of ``ROUNDS`` runs each (one with ``quick``): the machine's speed moves
     single runs by 30% and more. The baselines alternate with the 1000 ms runs."""
@@ -217,7 +214,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             1000,
             n,
             rounds,
-            lambda: baselines.append(_baseline_again(db, url)),
+            lambda: baselines.append(baseline_again(db, url)),
             default_kind=default_1000,
         )
         runs_200 = _create_mvs(db, url, 200, n, rounds)
@@ -229,39 +226,39 @@ def run(quick: bool) -> list[dict[str, Any]]:
     indexed = statistics.median([i or 0.0 for _, i in runs_1000])
     created_200 = [c for c, _ in runs_200]
     t200 = statistics.median(created_200)
-    listed = (
-        f" (medians of {rounds}: MV creation {_listed(created)} s, "
-        f"INSERT ... SELECT {_listed(baselines)} s)"
+    medians = (
+        f" (medians of {rounds}: MV creation {listed(created)} s, "
+        f"INSERT ... SELECT {listed(baselines)} s)"
         if rounds > 1
         else ""
     )
     note = f"{n:,} rows, {PARALLELISM} actors, one worker (Spark local[*])"
     t_default = statistics.median(default_1000)
-    default_listed = f" (medians of {rounds}: {_listed(default_1000)} s)" if rounds > 1 else ""
+    default_listed = f" (medians of {rounds}: {listed(default_1000)} s)" if rounds > 1 else ""
     spread = max(t200, t1000) / min(t200, t1000)
     return [
-        _seconds(
+        seconds(
             "MV creation, default kind (snapshot) vs INSERT ... SELECT",
             t_default,
             baseline,
             1.5,
             note + ", no kind named (auto), barrier interval 1000 ms" + default_listed,
         ),
-        _seconds(
+        seconds(
             "MV creation, default kind vs arrangement",
             t_default,
             t1000,
             1.2,
             note + ", barrier interval 1000 ms, each round creating both one after the other",
         ),
-        _seconds(
+        seconds(
             "MV creation vs INSERT ... SELECT",
             t1000,
             baseline,
             1.5,
-            note + ", barrier interval 1000 ms; baseline INSERT INTO ... SELECT" + listed,
+            note + ", barrier interval 1000 ms; baseline INSERT INTO ... SELECT" + medians,
         ),
-        _seconds(
+        seconds(
             "MV creation and its epoch index vs INSERT ... SELECT",
             indexed or 0,
             baseline,
@@ -269,7 +266,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             note + ", barrier interval 1000 ms: until the MV's index on _epoch, "
             "built once it is created, exists (service/meta/indexer.py)",
         ),
-        _seconds(
+        seconds(
             "MV creation vs a plain PySpark copy job",
             t1000,
             spark,
@@ -278,37 +275,13 @@ def run(quick: bool) -> list[dict[str, Any]]:
             f"settings, {PARALLELISM} key-range partitions) copying the rows with COPY csv <-> "
             "Arrow into a plain table with the same primary key (bench/_plain_copy.py)",
         ),
-        _seconds(
+        seconds(
             "MV creation, barrier interval 200 vs 1000 ms",
             t200,
             t1000,
             1.3,
             "the larger of the two times over the smaller"
-            + (f" (medians of {rounds}: 200 ms {_listed(created_200)} s)" if rounds > 1 else ""),
+            + (f" (medians of {rounds}: 200 ms {listed(created_200)} s)" if rounds > 1 else ""),
             ratio=spread,
         ),
     ]
-
-
-def _seconds(
-    name: str,
-    value: float,
-    baseline: float,
-    at_most: float | None,
-    note: str,
-    *,
-    ratio: float | None = None,
-) -> dict[str, Any]:
-    """A figure in seconds against its same-run baseline; ``at_most``: the target ratio
-    (None: reported only); ``ratio``: when it is not ``value / baseline``."""
-    ratio = value / baseline if ratio is None else ratio
-    return {
-        "name": name,
-        "value": round(value, 2),
-        "baseline": round(baseline, 2),
-        "ratio": round(ratio, 2),
-        "target": "report" if at_most is None else f"<= {at_most}",
-        "unit": "s",
-        "passed": None if at_most is None else ratio <= at_most,
-        "note": note,
-    }

@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -115,8 +116,10 @@ class Worker:
 
     def _warm_up(self, spark: SparkPath) -> None:
         """Beside the loop: a large read that comes meanwhile waits for the session."""
+        started = time.monotonic()
         try:
             spark.warm_up()
+            log.info("Spark is ready: %.1f s to start it", time.monotonic() - started)
         except Exception as e:  # the first large read starts it again, or says why not
             if not self.stop_event.is_set():
                 log.warning("could not start Spark ahead of the first large read: %s", e)

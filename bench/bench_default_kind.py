@@ -1,0 +1,147 @@
+"""The default kind (no kind named: the snapshot backfill) as a deployment runs it: the
+worker in a process of its own (its own Spark application), the control plane beside
+it. A 400k-row view (100k with ``--quick``), where fixed costs around barriers weigh
+most, against ``INSERT INTO ... SELECT`` of the same rows in the same run; the first view
+after the worker started against the same view on the warm worker; and 100 ms barriers
+against 1000 ms. Medians of three runs each, the baselines alternating with them.
+
+The first view is created once the worker logs that Spark is ready (its application and
+Python workers started at start-up, ``spark_warm_up``): what a view created a minute
+after a worker started pays.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench._figures import listed, seconds
+from bench._live import checkpoint, time_until_created
+from bench._pg import fresh_database
+from bench.bench_backfill import PARALLELISM, baseline_again, load_and_insert_select
+from service.db import Database
+from service.settings import Settings
+from tests.kit.auth import http_client
+from tests.kit.live import BACKFILL, live_server
+
+ROUNDS = 3
+READY_LINE = b"Spark is ready"
+
+
+@contextmanager
+def _worker_process(base: str, name: str) -> Iterator[None]:
+    """``backfill worker`` in a process of its own, once it logged that Spark is ready."""
+    env = os.environ | {"BACKFILL_LOG_LEVEL": "info"}
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "worker.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [BACKFILL, "worker", "--control-plane", base, "--name", name],
+                env=env,
+                stdout=out,
+                stderr=out,
+            )
+        try:
+            deadline = time.monotonic() + 300
+            while READY_LINE not in log.read_bytes():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the worker did not start Spark:\n{log.read_text()[-3000:]}"
+                    )
+                time.sleep(0.1)
+            yield
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _create(http: httpx.Client, db: Database, name: str, n: int) -> float:
+    """Seconds until the default-kind view ``name`` over every row is created; dropped
+    afterwards."""
+    job = {
+        "name": name,
+        "upstream": {"table": "orders"},
+        "columns": ["id", "amount", "note"],
+        "parallelism": PARALLELISM,
+    }
+    checkpoint(db)  # the previous run's writes (and its drop) are flushed first
+    seconds = time_until_created(http, job, n)
+    for view in http.get("/v1/jobs").json()["jobs"]:
+        assert http.delete(f"/v1/jobs/{view['id']}").status_code in (200, 202, 204)
+    return seconds
+
+
+def _runs(
+    db: Database, url: str, interval_ms: int, n: int, rounds: int, baselines: list[float]
+) -> tuple[float, list[float]]:
+    """A control plane at ``interval_ms`` and a new worker process: seconds of the first
+    view once Spark is ready, then of ``rounds`` more, each after another baseline."""
+    settings = Settings(
+        database_url=url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False
+    )
+    with (
+        live_server(settings, db) as base,
+        http_client(base, timeout=1800) as http,
+        _worker_process(base, f"bench-{interval_ms}"),
+    ):
+        first = _create(http, db, f"first_{interval_ms}", n)
+        warm = []
+        for i in range(rounds):
+            baselines.append(baseline_again(db, url))
+            warm.append(_create(http, db, f"warm_{interval_ms}_{i}", n))
+    return first, warm
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    n = 100_000 if quick else 400_000
+    rounds = 1 if quick else ROUNDS
+    with fresh_database() as (url, db):
+        baselines = [load_and_insert_select(db, url, n)]
+        first, warm_1000 = _runs(db, url, 1000, n, rounds, baselines)
+        _, warm_100 = _runs(db, url, 100, n, rounds, baselines)
+    baseline = statistics.median(baselines)
+    t1000, t100 = statistics.median(warm_1000), statistics.median(warm_100)
+    note = (
+        f"{n:,} rows, {PARALLELISM} actors, no kind named (auto), a worker process of its "
+        "own (Spark local[*]), the control plane in the bench's process"
+    )
+    medians = f" (medians of {rounds}: " if rounds > 1 else None
+    return [
+        seconds(
+            f"MV creation, default kind, {n // 1000}k rows vs INSERT ... SELECT",
+            t1000,
+            baseline,
+            2.0,
+            note
+            + ", barrier interval 1000 ms"
+            + (f"{medians}{listed(warm_1000)} s; INSERT {listed(baselines)} s)" if medians else ""),
+        ),
+        seconds(
+            "MV creation, default kind, first view after the worker started vs warm",
+            first,
+            t1000,
+            1.2,
+            note + ", barrier interval 1000 ms; the first view once the worker logged "
+            "that Spark is ready, against the median of the views after it",
+        ),
+        seconds(
+            "MV creation, default kind, barrier interval 100 vs 1000 ms",
+            t100,
+            t1000,
+            1.1,
+            note + (f"{medians}100 ms {listed(warm_100)} s)" if medians else ""),
+        ),
+    ]
