@@ -2,7 +2,8 @@
 sequence, decoupled from the upstream, and its merge into the main graph.
 
 Phase 1 runs on *fake* epochs ``k << 16`` (far below any real epoch) while the actors
-read the snapshot at ``snapshot_epoch``. Once the committed progress shows every vnode
+read the snapshot at ``snapshot_epoch``, at most a barrier a second in the loop's regular
+rounds (``service.meta.loop.PHASE1_EVERY_MS``). Once the committed progress shows every vnode
 consumed, the barrier ``{last fake, snapshot_epoch}`` ends it. Phase 2 then steps
 through the upstream's committed epochs, one per barrier, each barrier a checkpoint (so
 the MV is exact at every epoch the creating graph commits), as many per tick as the
@@ -110,9 +111,16 @@ def _main(s: Session) -> Graph:
 
 
 def inject(
-    s: Session, graph_id: int, *, checkpoint_frequency: int, max_inflight: int
+    s: Session,
+    graph_id: int,
+    *,
+    checkpoint_frequency: int,
+    max_inflight: int,
+    phase1_due: bool = True,
 ) -> list[Barrier]:
-    """Inject a creating graph's next barriers: one in phase 1, a batch in phase 2."""
+    """Inject a creating graph's next barriers: one in phase 1, a batch in phase 2.
+    Without ``phase1_due`` a barrier of phase 1's fake epochs waits (the barrier that
+    ends phase 1 does not: ``service.meta.loop.PHASE1_EVERY_MS``)."""
     graph = s.execute(
         select(Graph).where(Graph.id == graph_id).with_for_update()
     ).scalar_one_or_none()
@@ -130,7 +138,7 @@ def inject(
     while inflight + len(out) < max_inflight and len(out) < REPLAY_PER_TICK:
         prev = graph.current_epoch
         curr = next_epoch_of(s, job, prev, main)
-        if curr is None:
+        if curr is None or (not phase1_due and prev > 0 and curr < job.snapshot_epoch):
             break
         graph.barrier_seq += 1
         if prev == 0:
@@ -157,8 +165,10 @@ def inject(
         out.append(barrier)
         if curr == job.snapshot_epoch:
             events.record(s, "phase_changed", job.id, phase="log_store", epoch=curr)
-        if prev < job.snapshot_epoch or curr > main.committed_epoch:
-            break  # phase 1 goes at the barrier interval; the last barrier waits
+        if curr < job.snapshot_epoch or curr > main.committed_epoch:
+            # phase 1 goes a barrier at a time; the barrier ending it is followed at
+            # once by the replay (one round trip fewer); the last barrier waits
+            break
     if out:
         try_complete(s, graph)
     return out

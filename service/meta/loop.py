@@ -43,6 +43,13 @@ REQUESTED_ROUND_GAP_S = 0.05
 # with the upstream's in time, only in kind and order (docs/architecture.md#snapshot-backfill).
 MAIN = frozenset({"main"})
 CREATING = frozenset({"creating"})
+# a snapshot backfill's phase-1 barriers (its fake epochs) in the regular rounds: at
+# most one a second, whatever the interval. They only report reads and checkpoint their
+# positions; at 100 ms they cost its reads a third of their speed on two cores (the
+# handling of each, its collects and commits took the cores the reads ran on), and
+# phase 1 needs no upstream cadence (docs/architecture.md#snapshot-backfill). Rounds
+# asked for (the reads ran out, a pause, a new rate) inject at once.
+PHASE1_EVERY_MS = 1000
 
 
 class MetaLoop:
@@ -66,6 +73,7 @@ class MetaLoop:
         self._lock_conn: psycopg2.extensions.connection | None = None
         self.is_leader = threading.Event()
         self.ticks = 0
+        self.creating_rounds = 0  # regular rounds of the creating graphs (``run``)
         # off this thread: a large MV's epoch index, or a large GC, takes a while
         self.indexer = EpochIndexer(db)
         self.index_chore = Chore(
@@ -127,11 +135,17 @@ class MetaLoop:
 
     # ticks ----------------------------------------------------------------
 
-    def tick(self, kinds: frozenset[str] = MAIN | CREATING) -> None:
+    def tick(self, kinds: frozenset[str] = MAIN | CREATING, *, regular: bool = False) -> None:
         """One round of the leader's duties for the graphs of ``kinds`` (tests call it
         directly, for every graph). Workers, orphans and history are looked after in
-        the rounds that include the main graph."""
+        the rounds that include the main graph. ``regular``: a round at the interval,
+        not one asked for (``PHASE1_EVERY_MS``)."""
         now = self.clock()
+        phase1_due = True
+        if regular and "creating" in kinds:
+            every = max(1, -(-PHASE1_EVERY_MS // self.settings.barrier_interval_ms))
+            phase1_due = self.creating_rounds % every == 0
+            self.creating_rounds += 1
         if "main" in kinds:
             self._expire_workers()
         with self.db.transaction() as s:
@@ -141,7 +155,7 @@ class MetaLoop:
         for graph_id, kind, state in graphs:
             if kind in kinds:
                 with self.db.transaction() as s:
-                    self._tick_graph(s, graph_id, kind, state, now)
+                    self._tick_graph(s, graph_id, kind, state, now, phase1_due)
         self.signal.notify()
         if "main" not in kinds:
             return
@@ -168,7 +182,9 @@ class MetaLoop:
             ):
                 self.spawner.ensure()
 
-    def _tick_graph(self, s: Session, graph_id: int, kind: str, state: str, now: int) -> None:
+    def _tick_graph(
+        self, s: Session, graph_id: int, kind: str, state: str, now: int, phase1_due: bool
+    ) -> None:
         if state == "recovering":
             recovery.recover(s, graph_id, now)
         elif kind == "creating":
@@ -177,6 +193,7 @@ class MetaLoop:
                 graph_id,
                 checkpoint_frequency=self.settings.checkpoint_frequency,
                 max_inflight=self.settings.max_pending_barriers,
+                phase1_due=phase1_due,
             )
         else:
             for job_id in creating.merge_caught_up(s):
@@ -214,7 +231,7 @@ class MetaLoop:
                         # regular rounds keep their times
                         self.tick(requested)
                     else:
-                        self.tick(MAIN if rounds % 2 == 0 else CREATING)
+                        self.tick(MAIN if rounds % 2 == 0 else CREATING, regular=True)
                         rounds += 1
             except Exception:
                 # give up leadership: the next leader (maybe us) starts with a recovery

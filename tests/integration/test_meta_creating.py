@@ -16,7 +16,7 @@ from service.catalog.models import EpochPin, Graph
 from service.db import Database
 from service.meta import barriers
 from service.meta.creating import fake_epoch_after, merge_ceiling
-from service.meta.loop import MetaLoop
+from service.meta.loop import CREATING, MetaLoop
 from service.usecases import jobs as jobs_usecase
 from tests.integration.test_health_and_errors import assert_error
 from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch, manual_api
@@ -100,16 +100,21 @@ def test_a_snapshot_backfill_runs_apart_then_merges(
     assert {(b["prev"], b["curr"]) for b in second} == {(1 << 16, fake_epoch_after(1 << 16))}
     assert client.get(f"/v1/jobs/{job['id']}/progress").json()["phase"] == "snapshot"
 
-    # the end of the snapshot, then the upstream's epochs one per barrier, several per tick
+    # the end of the snapshot, followed in the same tick by the upstream's epochs one per
+    # barrier, several per tick
     loop.tick()
     last_fake = fake_epoch_after(1 << 16)
-    assert [(b["prev"], b["curr"]) for b in collect(w, "consumed")] == [
+    # (the last barrier, which catches up, stays uncollected: no merge before the
+    # recovery below)
+    ending = collect(w, "consumed", before=graph_current(db, 1))
+    assert [(b["prev"], b["curr"]) for b in ending if b["prev"] == last_fake] == [
         (last_fake, snapshot_epoch)
     ] * 2
+    assert {b["prev"] for b in ending} > {last_fake}, "no replay after the snapshot's end"
     for _ in range(3):
         loop.tick()  # the main graph goes on meanwhile: three more epochs to replay
     loop.tick()
-    replay = collect(w, "consumed")
+    replay = [b for b in ending if b["prev"] != last_fake] + collect(w, "consumed")
     chain = sorted({(b["prev"], b["curr"]) for b in replay})
     replayed = [e for e in main_committed_epochs(db) if e > snapshot_epoch]
     assert chain[0][0] == snapshot_epoch
@@ -307,7 +312,9 @@ def _busy_main_and_a_snapshot_job(
     (snap_actor,) = [a.id for a in actors_of(db, job["id"])]
     for _ in range(20):  # everyone keeps up until the log store starts
         loop.tick()
-        collect(w, "consumed")
+        collect(w, "consumed", only={busy_actor})
+        # (the replay that follows the barrier ending the snapshot in its tick waits)
+        collect(w, "consumed", only={snap_actor}, before=int(job["snapshot_epoch"]) + 1)
         g = graph_of_job(db, job["id"])
         assert g is not None
         if g.current_epoch >= int(job["snapshot_epoch"]):
@@ -394,13 +401,12 @@ def test_once_the_hold_ended_the_job_replays_on_and_merges_later(
     held = main_in_flight(db)
     monkeypatch.setattr(barriers, "MERGE_HOLD_MS", 0)
     loop.tick()
-    assert len(main_in_flight(db)) > len(held)  # the main graph injects again
+    assert graph_current(db, 1) > max(c for _, c in held)  # the main graph injects again
     collect(w, "consumed", only={busy_actor})
     assert committed_epoch(db) >= joins_at  # the upstream went past: no merge there
     collect(w, "consumed", only={snap_actor})
     loop.tick()
-    g = graph_of_job(db, job)
-    assert g is not None and g.committed_epoch < joins_at
+    assert graph_of_job(db, job) is not None  # not merged at joins_at: it replays on
     for _ in range(20):  # it replays the upstream's epochs again, then merges
         collect(w, "consumed", only={snap_actor})
         loop.tick()
@@ -474,3 +480,26 @@ def test_a_pause_not_injected_yet_follows_a_merging_job_into_the_main_graph(
     assert [b["mutation"] for b in got if b["mutation"]] == [{"pause": [snap_actor]}]
     pauses = [b.mutation for b in barriers_of(db, 1) if b.mutation and "pause" in b.mutation]
     assert pauses == [{"pause": [snap_actor]}]
+
+
+def test_phase_1_goes_a_barrier_a_second_at_short_intervals(
+    db: Database, fresh_db_url: str
+) -> None:
+    """At 100 ms barriers the loop's regular rounds give a snapshot job's phase 1 one
+    barrier in ten (it needs no upstream cadence, and each costs its reads); a round
+    asked for (the reads ran out, a pause) injects one at once."""
+    with manual_api(db, fresh_db_url, barrier_interval_ms=100) as (client, loop):
+        w = FakeWorker(client).register()
+        job = snapshot_job(client, loop, parallelism=1)
+        g = graph_of_job(db, job["id"])
+        assert g is not None
+        loop.tick()  # the initial barrier
+        collect(w, "consuming")
+        fake = barriers_of(db, g.id)
+        for _ in range(10):
+            loop.tick(CREATING, regular=True)
+            collect(w, "consuming")
+        paced = barriers_of(db, g.id)
+        assert len(paced) - len(fake) == 1  # one in ten regular rounds
+        loop.tick(CREATING)  # asked for: at once
+        assert len(barriers_of(db, g.id)) == len(paced) + 1
