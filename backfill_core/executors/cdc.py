@@ -13,7 +13,9 @@ A chunk is read by the caller as the executor plans it (``plan_reads``): ``low``
 upstream's current WAL LSN; ``SELECT ... WHERE pk > after ORDER BY pk LIMIT n`` in a
 short transaction of its own; ``high`` = the current WAL LSN again. The read's snapshot
 holds every change at or below ``low`` and none above ``high``. The chunk covers the
-keys ``(after, last key read]``, or ``(after, +inf)`` when the table ended.
+keys ``(after, last key read]``, or ``(after, +inf)`` when the table ended. A ``low``
+below the true one (not below the stream's position at planning, which is checked) is
+still exact: it only lets more changes replace the read's rows.
 
 The merge: the chunk is held until the stream passes ``high``. A change at an LSN in
 ``(low, high]`` to a key of the chunk's range replaces that key's entry in the held

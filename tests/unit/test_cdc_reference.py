@@ -122,7 +122,9 @@ class Run:
         self.impl = CdcBackfill(ACTOR, key_of, start_lsn=START, rate_limit=rate_limit)
         self.model = CdcReference(changes, START, rate_limit=rate_limit)
         self.table: dict[int, Row] = {}
-        self.flight: tuple[ChunkRead, int] | None = None  # a planned read and its low
+        # a planned read, its low watermark, and the WAL when it started (its snapshot
+        # holds everything up to there)
+        self.flight: tuple[ChunkRead, int, int] | None = None
         self.epochs = 0
         self.saved: Saved | None = None
         self.barrier(None)
@@ -158,17 +160,20 @@ class Run:
         apply(self.table, self.impl.on_changes(events, upto=upto))
         self.model.stream_to(upto)
 
-    def plan(self, max_rows: int) -> None:
+    def plan(self, max_rows: int, data: st.DataObject) -> None:
         planned = as_cdc_reads(self.impl).plan_reads(max_rows)
         expected = self.model.plan(max_rows) if self.flight is None else None
         assert [(r.after, r.limit) for r in planned] == ([expected] if expected else [])
         if planned:
-            self.flight = (planned[0], self.wal)  # the low watermark: the WAL right now
+            # the low watermark: the WAL right now, or any LSN below it down to the
+            # stream's position (a conservative low loses nothing)
+            low = data.draw(st.integers(self.impl.lsn, self.wal), label="low")
+            self.flight = (planned[0], low, self.wal)
 
     def account(self, data: st.DataObject) -> None:
         assert self.flight is not None
-        read, low = self.flight
-        at = data.draw(st.integers(low, self.wal), label="snapshot at")
+        read, low, started = self.flight
+        at = data.draw(st.integers(started, self.wal), label="snapshot at")
         high = data.draw(st.integers(at, self.wal), label="high")
         rows = self.model.select(read.after, read.limit, at)
         ended = len(rows) < read.limit
@@ -231,7 +236,7 @@ def test_the_cdc_backfill_matches_the_row_at_a_time_model(
         elif step == "stream":
             run.stream(data.draw(st.integers(run.impl.lsn, run.wal), label="upto"))
         elif step == "plan":
-            run.plan(data.draw(st.integers(1, 5), label="max rows"))
+            run.plan(data.draw(st.integers(1, 5), label="max rows"), data)
         elif step == "account" and run.flight is not None:
             run.account(data)
         elif step == "barrier":
@@ -249,7 +254,7 @@ def test_the_cdc_backfill_matches_the_row_at_a_time_model(
         if data.draw(st.booleans(), label="upstream writes"):
             run.wal = min(run.end, run.wal + data.draw(st.integers(1, 3)))
         if run.flight is None:
-            run.plan(data.draw(st.integers(1, 5), label="max rows"))
+            run.plan(data.draw(st.integers(1, 5), label="max rows"), data)
         else:
             run.account(data)
         run.stream(data.draw(st.integers(run.impl.lsn, run.wal), label="upto"))
@@ -258,7 +263,7 @@ def test_the_cdc_backfill_matches_the_row_at_a_time_model(
     run.stream(run.end)  # a held chunk is merged
     while not run.impl.finished:
         if run.flight is None:
-            run.plan(KEYS)
+            run.plan(KEYS, data)
         run.account(data)
         run.stream(run.end)
         run.check("while finishing")
