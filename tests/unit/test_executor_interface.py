@@ -23,6 +23,7 @@ from tests.kit.executors import ACTOR, epoch, key_of
 WORKER = Path(__file__).resolve().parents[2] / "spark_workers"
 EXECUTOR_CLASSES = (
     "ArrangementBackfill",
+    "CdcBackfill",
     "ChainBackfill",
     "SnapshotBackfill",
     "SourceBackfill",
