@@ -12,15 +12,16 @@ from sqlalchemy.engine import make_url
 
 from service import migrate
 from service.db import Database
-from service.embedded_pg import EmbeddedPostgres, to_libpq_url
+from service.embedded_pg import EmbeddedPostgres, to_libpq_url, to_sqlalchemy_url
 
 
 @contextmanager
-def fresh_database() -> Iterator[tuple[str, Database]]:
-    """Yields (SQLAlchemy URL, Database); everything is dropped afterwards."""
+def fresh_database(server: str | None = None) -> Iterator[tuple[str, Database]]:
+    """Yields (SQLAlchemy URL, Database) of a new database on ``server`` (a Postgres URL;
+    default: an embedded Postgres of its own); everything is dropped afterwards."""
     with tempfile.TemporaryDirectory() as tmp:
-        pg = EmbeddedPostgres(tmp)
-        server_url = pg.start()
+        pg = EmbeddedPostgres(tmp) if server is None else None
+        server_url = pg.start() if pg is not None else to_sqlalchemy_url(server)
         name = f"bench_{uuid.uuid4().hex[:8]}"
         admin = psycopg2.connect(to_libpq_url(server_url))
         admin.autocommit = True
@@ -34,4 +35,5 @@ def fresh_database() -> Iterator[tuple[str, Database]]:
             db.close()
             admin.cursor().execute(f'DROP DATABASE "{name}" WITH (FORCE)')
             admin.close()
-            pg.stop()
+            if pg is not None:
+                pg.stop()

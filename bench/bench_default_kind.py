@@ -31,16 +31,16 @@ from bench.bench_backfill import PARALLELISM, baseline_again, load_and_insert_se
 from service.db import Database
 from service.settings import Settings
 from tests.kit.auth import http_client
-from tests.kit.live import BACKFILL, live_server
+from tests.kit.live import BACKFILL, live_server, stop_process
 
 ROUNDS = 3
 READY_LINE = b"Spark is ready"
 
 
 @contextmanager
-def _worker_process(base: str, name: str) -> Iterator[None]:
+def _worker_process(base: str, name: str, extra_env: dict[str, str]) -> Iterator[None]:
     """``backfill worker`` in a process of its own, once it logged that Spark is ready."""
-    env = os.environ | {"BACKFILL_LOG_LEVEL": "info"}
+    env = os.environ | {"BACKFILL_LOG_LEVEL": "info"} | extra_env
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "worker.log"
         with log.open("wb") as out:
@@ -60,12 +60,7 @@ def _worker_process(base: str, name: str) -> Iterator[None]:
                 time.sleep(0.1)
             yield
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def _create(http: httpx.Client, db: Database, name: str, n: int) -> float:
@@ -85,7 +80,13 @@ def _create(http: httpx.Client, db: Database, name: str, n: int) -> float:
 
 
 def _runs(
-    db: Database, url: str, interval_ms: int, n: int, rounds: int, baselines: list[float]
+    db: Database,
+    url: str,
+    interval_ms: int,
+    n: int,
+    rounds: int,
+    baselines: list[float],
+    worker_env: dict[str, str],
 ) -> tuple[float, list[float]]:
     """A control plane at ``interval_ms`` and a new worker process: seconds of the first
     view once Spark is ready, then of ``rounds`` more, each after another baseline."""
@@ -95,7 +96,7 @@ def _runs(
     with (
         live_server(settings, db) as base,
         http_client(base, timeout=1800) as http,
-        _worker_process(base, f"bench-{interval_ms}"),
+        _worker_process(base, f"bench-{interval_ms}", worker_env),
     ):
         first = _create(http, db, f"first_{interval_ms}", n)
         warm = []
@@ -106,17 +107,26 @@ def _runs(
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
+    return figures(quick, None, {}, "Spark local[*], the embedded Postgres")
+
+
+def figures(
+    quick: bool, server: str | None, worker_env: dict[str, str], shape: str
+) -> list[dict[str, Any]]:
+    """The figures with the database on ``server`` (None: an embedded one) and the worker
+    process's environment given ``worker_env`` besides (its Spark master); ``shape``
+    says which, in the notes."""
     n = 100_000 if quick else 400_000
     rounds = 1 if quick else ROUNDS
-    with fresh_database() as (url, db):
+    with fresh_database(server) as (url, db):
         baselines = [load_and_insert_select(db, url, n)]
-        first, warm_1000 = _runs(db, url, 1000, n, rounds, baselines)
-        _, warm_100 = _runs(db, url, 100, n, rounds, baselines)
+        first, warm_1000 = _runs(db, url, 1000, n, rounds, baselines, worker_env)
+        _, warm_100 = _runs(db, url, 100, n, rounds, baselines, worker_env)
     baseline = statistics.median(baselines)
     t1000, t100 = statistics.median(warm_1000), statistics.median(warm_100)
     note = (
         f"{n:,} rows, {PARALLELISM} actors, no kind named (auto), a worker process of its "
-        "own (Spark local[*]), the control plane in the bench's process"
+        f"own, the control plane in the bench's process; {shape}"
     )
     medians = f" (medians of {rounds}: " if rounds > 1 else None
     return [

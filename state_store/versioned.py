@@ -102,9 +102,10 @@ class _ByteStream:
 
 
 @contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     """Python's cyclic GC off while a write builds its (acyclic) tuples and lines: with
-    millions of live rows each collection walks them all, a third of a write's time."""
+    millions of live rows each collection walks them all, a third of a write's time.
+    (Process-wide: of two threads in it at once, the last to leave turns it back on.)"""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -278,7 +279,7 @@ class VersionedTable:
         at this epoch (an earlier write of the same epoch) the COPY fails on the unique
         index and the batch is upserted through a staging table instead.
         """
-        with _collector_paused():
+        with collector_paused():
             latest = {self.key_of(v.row): v for v in versions}
             if not latest:
                 return 0
@@ -406,7 +407,7 @@ class VersionedTable:
         copy = sql.SQL("COPY {} ({}) FROM STDIN WITH ({})").format(
             target, _ids([VNODE, EPOCH, DELETED, *columns]), options
         )
-        with _collector_paused():
+        with collector_paused():
             cur.copy_expert(copy, _ByteStream(chunks()), size=COPY_CHUNK)
 
     def has_versions(self, cur: Any, epoch: int) -> tuple[bool, bool]:

@@ -96,12 +96,17 @@ def child_process(
                 time.sleep(0.05)
             yield proc
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, and SIGKILL if it has not exited a minute later."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextmanager
