@@ -296,6 +296,9 @@ def _collect(
     wanted = frozenset().union(
         *(creating.rounds_wanted(i.progress.report) for i in items if i.progress)
     )
+    read = [i.actor_id for i in items if i.progress and creating.snapshot_read(i.progress.report)]
+    if read and creating.phase1_over(ctx.db, read):
+        wanted |= {"creating"}  # phase 2 may start
     if wanted:
         ctx.signal.request_barrier(wanted)
     return [

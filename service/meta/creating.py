@@ -42,6 +42,7 @@ from service.catalog.models import (
     Relation,
     VnodeProgress,
 )
+from service.db import Database
 from service.meta import metrics
 from service.meta.barriers import (
     apply_lifetimes,
@@ -293,17 +294,35 @@ def upstream_held(s: Session) -> bool:
 
 def rounds_wanted(progress: dict[str, Any] | None) -> frozenset[str]:
     """The kinds of graph whose next round need not wait for the interval after a
-    snapshot job's collect: its creating graph's once the snapshot is read (phase 2 may
-    start) and while it replays (the next batch, or its last barrier, may go out), the
-    main graph's once its last barrier is collected (it may merge)."""
+    snapshot job's collect: its creating graph's while it replays (the next batch, or
+    its last barrier, may go out), the main graph's once its last barrier is collected
+    (it may merge). An actor that read its share of the snapshot: ``snapshot_read``."""
     phase = (progress or {}).get("phase")
     if phase == "finishing":
         return frozenset({"main"})
-    if phase == "log_store" or (
-        phase == "snapshot" and (progress or {}).get("finished_snapshot") is True
-    ):
+    if phase == "log_store":
         return frozenset({"creating"})
     return frozenset()
+
+
+def snapshot_read(progress: dict[str, Any] | None) -> bool:
+    """The collect of an actor that read its share of its job's snapshot."""
+    p = progress or {}
+    return p.get("phase") == "snapshot" and p.get("finished_snapshot") is True
+
+
+def phase1_over(db: Database, actor_ids: list[int]) -> bool:
+    """Whether the snapshot of some job of these actors is consumed, as of its committed
+    epoch: the barrier ending phase 1 may go out now. While others of its actors still
+    read, a round asked for at each collect of one that is done gave it a barrier per
+    round trip, each costing the reads (bench/HISTORY.md)."""
+    with db.transaction() as s:
+        jobs = s.execute(
+            select(Job).join(Actor, Actor.job_id == Job.id).where(Actor.id.in_(actor_ids))
+        ).scalars()
+        return any(
+            job.snapshot_epoch is not None and _snapshot_consumed(s, job) for job in set(jobs)
+        )
 
 
 def replay_floor(s: Session) -> int | None:

@@ -503,3 +503,40 @@ def test_phase_1_goes_a_barrier_a_second_at_short_intervals(
         assert len(paced) - len(fake) == 1  # one in ten regular rounds
         loop.tick(CREATING)  # asked for: at once
         assert len(barriers_of(db, g.id)) == len(paced) + 1
+
+
+def test_an_actor_done_reading_asks_for_the_end_of_phase_1_only_with_the_others(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """An actor that read its share of the snapshot while another still reads asks for
+    no round (each one asked for gave it another barrier at once, a barrier per round
+    trip until the last actor was done); the last one's collect asks for the round that
+    ends phase 1."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    snapshot_job(client, loop, parallelism=2)
+    loop.tick()
+    collect(w, "consuming")  # the initial barrier
+    loop.tick()
+    signal = client.app.state.ctx.signal  # type: ignore[attr-defined]
+    signal.wait_for_barrier_request(0)  # forget the rounds asked for so far
+    done = {"phase": "snapshot", "finished_snapshot": True}
+    first, second = sorted(a["actor_id"] for a in w.poll())
+    for actor, report in ((first, done), (second, {"phase": "snapshot"})):
+        for a in w.poll():
+            if a["actor_id"] != actor:
+                continue
+            vnodes = [v for lo, hi in a["vnodes"] for v in range(lo, hi)]
+            state = "consumed" if report.get("finished_snapshot") else "consuming"
+            progress = {
+                "vnodes": [
+                    {"vnode": v, "state": state, "current_pos": None, "row_count": 1}
+                    for v in vnodes
+                ]
+            } | report
+            for b in a["barriers"]:
+                assert w.collect(actor, b, progress=progress).status_code == 200
+    assert "creating" not in signal.wait_for_barrier_request(0)
+    loop.tick()
+    collect_reporting(w, done)  # now both are done: the commit ends their reading
+    assert "creating" in signal.wait_for_barrier_request(0)
