@@ -46,6 +46,13 @@ def live_worker(
             thread.join(timeout=60)
 
 
+def drop_jobs(http: httpx.Client) -> None:
+    """Drop every job (and its MV): gone before the next run, and before the next control
+    plane, which would otherwise start by recovering their actors onto its own worker."""
+    for job in http.get("/v1/jobs").json()["jobs"]:
+        assert http.delete(f"/v1/jobs/{job['id']}").status_code in (200, 202, 204)
+
+
 def checkpoint(db: Database) -> None:
     """Flush what earlier runs wrote, so that the next timed run does not pay for it (a
     checkpoint inside it also makes its WAL carry whole pages again)."""

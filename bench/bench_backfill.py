@@ -24,7 +24,7 @@ import psycopg2
 from backfill_core.changes import Version
 from backfill_core.schema import Column, ColumnType, TableSchema
 from bench._figures import listed, seconds
-from bench._live import checkpoint, live_worker, time_until_indexed
+from bench._live import checkpoint, drop_jobs, live_worker, time_until_indexed
 from bench._pg import fresh_database
 from bench._plain_copy import spark_copy
 from service.catalog.queries import storage_of
@@ -189,14 +189,7 @@ def _create_mvs(
                     out.append(time_until_indexed(http, db, job, n))
                 spark = worker.spark
                 assert spark is not None and spark.jobs + spark.rounds_jobs > 0, "no Spark"
-                # gone before the next run, and before the next control plane, which would
-                # otherwise start by recovering this job's actors onto its own worker
-                for job_view in http.get("/v1/jobs").json()["jobs"]:
-                    assert http.delete(f"/v1/jobs/{job_view['id']}").status_code in (
-                        200,
-                        202,
-                        204,
-                    )
+                drop_jobs(http)
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from bench._figures import listed, seconds
-from bench._live import checkpoint, time_until_created
+from bench._live import checkpoint, drop_jobs, time_until_created
 from bench._pg import fresh_database
 from bench.bench_backfill import PARALLELISM, baseline_again, load_and_insert_select
 from service.db import Database
@@ -74,8 +74,7 @@ def _create(http: httpx.Client, db: Database, name: str, n: int) -> float:
     }
     checkpoint(db)  # the previous run's writes (and its drop) are flushed first
     seconds = time_until_created(http, job, n)
-    for view in http.get("/v1/jobs").json()["jobs"]:
-        assert http.delete(f"/v1/jobs/{view['id']}").status_code in (200, 202, 204)
+    drop_jobs(http)
     return seconds
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import gc
 
+# the DML route's pause of the collector while it builds a batch's (acyclic) rows: the
+# store's own, which its writes take too
 from state_store.versioned import collector_paused
 
 GEN0_THRESHOLD = 10_000
@@ -27,7 +29,4 @@ def settle_after_start() -> None:
     gc.set_threshold(GEN0_THRESHOLD, gen1, gen2)
 
 
-# no collection while a request builds its (acyclic) rows: a DML batch of 10,000 ops
-# allocates some 100,000 objects, and the collections they set off walked them all again
-# and again (a third of the batch's time)
 __all__ = ["GEN0_THRESHOLD", "collector_paused", "settle_after_start"]
