@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,7 +21,9 @@ from service.settings import Settings
 from spark_workers.runtime import Worker
 from spark_workers.settings import WorkerSettings
 from tests.kit.auth import http_client
-from tests.kit.live import live_server
+from tests.kit.live import BACKFILL, live_server, stop_process
+
+READY_LINE = b"Spark is ready"
 
 
 @contextmanager
@@ -95,3 +101,33 @@ def time_until_indexed(
     read = http.get(f"/v1/jobs/{job_id}/progress").json()["rows"]
     assert read == rows, f"the backfill read {read} rows, not {rows}"
     return elapsed, indexed
+
+
+@contextmanager
+def spark_ready_worker(
+    base: str, name: str, extra_env: dict[str, str] | None = None, capacity: int = 64
+) -> Iterator[None]:
+    """``backfill worker`` in a process of its own, once it logged that Spark is ready: a
+    view created then pays no start-up (the first-view figure measures that on its own)."""
+    env = os.environ | {"BACKFILL_LOG_LEVEL": "info"} | (extra_env or {})
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "worker.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [BACKFILL, "worker", "--control-plane", base, "--name", name]
+                + ["--capacity", str(capacity)],
+                env=env,
+                stdout=out,
+                stderr=out,
+            )
+        try:
+            deadline = time.monotonic() + 300
+            while READY_LINE not in log.read_bytes():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"the worker did not start Spark:\n{log.read_text()[-3000:]}"
+                    )
+                time.sleep(0.1)
+            yield
+        finally:
+            stop_process(proc)

@@ -12,55 +12,21 @@ after a worker started pays.
 
 from __future__ import annotations
 
-import os
 import statistics
-import subprocess
-import tempfile
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
 
 from bench._figures import listed, seconds
-from bench._live import checkpoint, drop_jobs, time_until_created
+from bench._live import checkpoint, drop_jobs, spark_ready_worker, time_until_created
 from bench._pg import fresh_database
 from bench.bench_backfill import PARALLELISM, baseline_again, load_and_insert_select
 from service.db import Database
 from service.settings import Settings
 from tests.kit.auth import http_client
-from tests.kit.live import BACKFILL, live_server, stop_process
+from tests.kit.live import live_server
 
 ROUNDS = 3
-READY_LINE = b"Spark is ready"
-
-
-@contextmanager
-def _worker_process(base: str, name: str, extra_env: dict[str, str]) -> Iterator[None]:
-    """``backfill worker`` in a process of its own, once it logged that Spark is ready."""
-    env = os.environ | {"BACKFILL_LOG_LEVEL": "info"} | extra_env
-    with tempfile.TemporaryDirectory() as tmp:
-        log = Path(tmp) / "worker.log"
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [BACKFILL, "worker", "--control-plane", base, "--name", name],
-                env=env,
-                stdout=out,
-                stderr=out,
-            )
-        try:
-            deadline = time.monotonic() + 300
-            while READY_LINE not in log.read_bytes():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"the worker did not start Spark:\n{log.read_text()[-3000:]}"
-                    )
-                time.sleep(0.1)
-            yield
-        finally:
-            stop_process(proc)
 
 
 def _create(http: httpx.Client, db: Database, name: str, n: int) -> float:
@@ -95,7 +61,7 @@ def _runs(
     with (
         live_server(settings, db) as base,
         http_client(base, timeout=1800) as http,
-        _worker_process(base, f"bench-{interval_ms}", worker_env),
+        spark_ready_worker(base, f"bench-{interval_ms}", worker_env),
     ):
         first = _create(http, db, f"first_{interval_ms}", n)
         warm = []

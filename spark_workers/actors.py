@@ -4,6 +4,7 @@ reads of the open epoch are the read strategies', ``spark_workers.reads``)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from enum import Enum
 from typing import Any
 
 from psycopg2 import sql
@@ -27,6 +28,14 @@ from backfill_core.view import View
 from state_store.pushdown import READ
 from state_store.versioned import VersionedTable
 from state_store.view_sql import filter_sql
+
+
+class ReadsFrom(Enum):
+    """Where an actor's backfill reads come from: what decides which strategies can read
+    for it (every strategy serves every executor kind whose data it can read)."""
+
+    STATE_STORE = "state_store"  # a table of ours: arrangement, chain, snapshot
+    KAFKA = "kafka"  # a source's topic
 
 
 class Fenced(Exception):
@@ -66,6 +75,11 @@ def fence(cur: Any, graph_id: int, recovery_seq: int, actor_id: int) -> None:
 class ActorRunner:
     """A table backfill actor (arrangement, chain, snapshot) against the state store."""
 
+    reads_from = ReadsFrom.STATE_STORE
+    # its snapshot is read once: when its reads run out its backfill is over, and the
+    # barrier that reports it is wanted at once
+    reads_run_out = True
+
     def __init__(self, assignment: Assignment, *, pushdown: bool = True) -> None:
         job = assignment.job
         if job.kind not in ("arrangement", "chain", "snapshot"):
@@ -89,9 +103,6 @@ class ActorRunner:
         self._pk_types = up_schema.pk_types
         self.pk_types = up_schema.pk_types
         self.estimated_rows: int | None = None  # this actor's share of the upstream
-        # its snapshot reads run in a Spark job spanning epochs (``spark_workers.rounds``):
-        # nothing else reads for it meanwhile
-        self.in_rounds = False
         self.vnode_ranges: list[tuple[int, int]] = [(lo, hi) for lo, hi in assignment.vnodes]
         vnodes = [v for lo, hi in self.vnode_ranges for v in range(lo, hi)]
         restore = assignment.restore or RestoreState()
@@ -201,7 +212,10 @@ class ActorRunner:
         fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
 
     def has_reads(self) -> bool:
-        return not self.in_rounds and bool(self.executor.plan_reads(1))
+        return bool(self.executor.plan_reads(1))
+
+    def prefetch(self, messages: list[BarrierMessage]) -> None:
+        """Nothing to read ahead: a barrier's changes are one range of the change log."""
 
     def on_barrier(self, conn: Any, message: BarrierMessage) -> CollectRequest:
         """Complete the closing epoch (write its changes) and return the collect."""

@@ -91,7 +91,7 @@ def _claims(dsn: str, queue: str) -> Iterator[int]:
     keeps too), so another task never waits on them."""
     import psycopg2
 
-    key = f"{dsn} (work queue)"
+    key = _queue_key(dsn)
     conn = _connection(key, dsn, autocommit=True)
     try:
         with conn.cursor() as cur:
@@ -104,6 +104,10 @@ def _claims(dsn: str, queue: str) -> Iterator[int]:
     except psycopg2.Error:
         _forget(key, conn)
         raise
+
+
+def _queue_key(dsn: str) -> str:
+    return f"{dsn} (work queue)"
 
 
 # the driver creates a job's queue (nothing taken) and deletes it after the job
@@ -152,6 +156,9 @@ def run_group(plan_text: str, index: int) -> list[tuple[int, int, int, str]]:
     if plan.groups is None or plan.queue is None:
         raise ValueError("a pushed-down plan has groups of reads and a work queue")
     if not plan.groups:
+        # the worker's warm-up: connect now, so the first job finds the connections kept
+        _connection(w.dsn, w.dsn)
+        _connection(_queue_key(w.dsn), w.dsn, autocommit=True)
         return []
     groups = [
         (limit, [(v, plan.pk_from_json(a), limit) for v, a in starts])

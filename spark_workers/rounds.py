@@ -49,12 +49,7 @@ def rounds_eligible(runner: ActorRunner) -> bool:
     backfill's phase 1 too: its rounds read at its snapshot epoch, write at its fake epochs)
     whose view runs inside Postgres, unthrottled (a throttled one reads its budget per epoch)."""
     ex = runner.executor
-    return (
-        runner.kind in ("arrangement", "chain", "snapshot")
-        and runner.pushed_where is not None
-        and ex.budget is None
-        and not ex.paused
-    )
+    return runner.pushed_where is not None and ex.budget is None and not ex.paused
 
 
 class RoundsJob:
@@ -102,8 +97,6 @@ class RoundsJob:
             write_epoch,
         )
         self.released = (read_epoch, write_epoch)
-        for r in self.runners:
-            r.in_rounds = True
         self.path.rounds_jobs += 1
         self._thread = threading.Thread(
             target=self._run, args=(plan.to_text(),), name="spark-rounds", daemon=True

@@ -66,6 +66,7 @@ class Worker:
             control_plane_url, token=token.get_secret_value() if token else None
         )
         self.spark: SparkPath | None = None
+        self._warming: threading.Thread | None = None  # the Spark session's warm-up
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.capacity = capacity
         self.stop_event = threading.Event()
@@ -108,9 +109,10 @@ class Worker:
                     self.settings.spark_master, reg.database_url, pushdown=self.settings.pushdown
                 )
                 if self.settings.spark_warm_up:
-                    threading.Thread(
+                    self._warming = threading.Thread(
                         target=self._warm_up, args=(self.spark,), name="spark-warm-up", daemon=True
-                    ).start()
+                    )
+                    self._warming.start()
         label_log_records(worker_id=self.client.worker_id)
         log.info("registered as worker %s", self.client.worker_id)
 
@@ -229,13 +231,16 @@ class Worker:
         if self.conn is not None:
             self.conn.close()
         if self.spark is not None:
+            self.spark.cancel_warm_up()
+            if self._warming is not None:
+                self._warming.join(timeout=30)  # its cancelled jobs end first
             self.spark.stop()
         self.client.close()
 
     # work -----------------------------------------------------------------
 
     def _step(self) -> None:
-        busy = any(r.has_reads() for r in self.runners.values())
+        busy = any(self.reads.has_reads(r) for r in self.runners.values())
         wanted, self.barrier_wanted = self.barrier_wanted, False
         assignments = self.client.poll(
             timeout_ms=0 if busy else 2_000, barrier_wanted=wanted
@@ -317,6 +322,12 @@ class Worker:
         self.conn.rollback()
         return next((g for g, seq in incarnations if now.get(g) != seq), None)
 
+    def _runner(self, a: Assignment) -> ActorRunner | SourceRunner:
+        """The runner of a job's kind: a source's reads Kafka, the others the state store."""
+        if a.job.kind == "source":
+            return SourceRunner(a)
+        return ActorRunner(a, pushdown=self.settings.pushdown)
+
     def _barriers(self, assignments: list[Assignment]) -> list[CollectRequest]:
         live = {a.actor_id for a in assignments}
         for actor_id in list(self.runners):
@@ -338,13 +349,9 @@ class Worker:
                 if a.restore is None:
                     # its state is gone (this worker failed): only a recovery can restart it
                     raise RuntimeError(f"actor {a.actor_id} lost its state; asking for recovery")
-                runner = (
-                    SourceRunner(a)
-                    if a.job.kind == "source"
-                    else ActorRunner(a, pushdown=self.settings.pushdown)
-                )
+                runner = self._runner(a)
                 self.runners[a.actor_id] = runner
-            if len(barriers) > 1 and runner.kind == "source":
+            if len(barriers) > 1:
                 runner.prefetch(barriers)
             try:
                 for b in barriers:
@@ -379,13 +386,13 @@ class Worker:
             raise Fenced(graph_id, f"reads of graph {graph_id} were fenced off: {e}") from e
 
     def _read_until_next_barrier(self) -> None:
-        # unthrottled table actors with reads left: should they run out now, they are done
+        # unthrottled actors with reads left that run out: should they now, they are done
         # (a throttled one runs out every epoch), and the barrier that reports it is wanted
         # at once, not up to an interval later
         reading = [
             r
             for r in self.runners.values()
-            if r.kind != "source" and r.executor.budget is None and r.has_reads()
+            if r.reads_run_out and r.executor.budget is None and self.reads.has_reads(r)
         ]
         while not self.stop_event.is_set():
             did = False
@@ -395,7 +402,7 @@ class Worker:
             # a round after which nobody has reads left would do nothing: no poll to
             # look for a barrier before it (a throttled actor spends its epoch's budget
             # in one round: the poll cost the control plane a request every epoch)
-            if not did or not any(r.has_reads() for r in self.runners.values()):
+            if not did or not any(self.reads.has_reads(r) for r in self.runners.values()):
                 self.barrier_wanted = any(
                     self.runners.get(r.actor_id) is r
                     and not self.reads.spanning.wants(r)

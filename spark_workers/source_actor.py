@@ -40,7 +40,7 @@ from connectors.kafka import (
     decode_messages,
     on_invalid,
 )
-from spark_workers.actors import ActorFailed, fence
+from spark_workers.actors import ActorFailed, ReadsFrom, fence
 from state_store.versioned import VersionedTable
 
 # the job's splits are all finished in committed progress (the seed's check that lets
@@ -75,6 +75,9 @@ def _progress(split: SplitRestore) -> SplitProgress:
 
 class SourceRunner:
     kind = "source"
+    reads_from = ReadsFrom.KAFKA
+    # its splits go on receiving: reads that run out now end nothing
+    reads_run_out = False
 
     def __init__(self, assignment: Assignment) -> None:
         job = assignment.job

@@ -73,6 +73,7 @@ class SparkPath:
         self.round_epochs = 0  # epochs in which such jobs' rounds were written, in all
         self._queue_conn: Any = None  # deletes the pushed-down jobs' work queues
         self.warmed = threading.Event()  # warm_up ran: the session and its workers are up
+        self._stopping = threading.Event()  # no warm-up from now on
 
     def session(self) -> Any:
         with self._lock:
@@ -93,6 +94,8 @@ class SparkPath:
         from backfill_core.schema import Column, ColumnType, TableSchema
 
         spark = self.session()
+        if self._stopping.is_set():
+            return
         spark._jvm.SparkSession.setActiveSession(spark._jsparkSession)
         schema = TableSchema.build([Column("k", ColumnType.BIGINT, False)], ["k"])
         n = max(1, int(spark.sparkContext.defaultParallelism))
@@ -110,8 +113,19 @@ class SparkPath:
             df.write.format("backfill_store").option("plan", plan).option(
                 "summary", os.path.join(tmp, "summary.json")
             ).mode("append").save()
-        self._pushed_down(spark, plan, n)  # the tasks' modules imported in every worker
+        # the tasks' modules imported and their connections opened in every worker, and
+        # the driver's for work queues
+        self._pushed_down(spark, plan, n)
+        self.queue_statement("SELECT 1")
         self.warmed.set()
+
+    def cancel_warm_up(self) -> None:
+        """End a warm-up under way (the worker stops): its jobs are cancelled, so their
+        tasks end as killed rather than with their Python workers when Spark stops."""
+        self._stopping.set()
+        with self._lock:
+            if self._spark is not None and not self.warmed.is_set():
+                self._spark.sparkContext.cancelAllJobs()
 
     def stop(self) -> None:
         if self._queue_conn is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from spark_workers.actors import ReadsFrom
 from spark_workers.reads.driver import DriverReads
 from spark_workers.reads.interface import CHUNK_ROWS
 from spark_workers.reads.kafka import KafkaReads
@@ -48,9 +49,8 @@ class Strategies:
         eligible = [
             r
             for r in ctx.runners.values()
-            if not self.spanning.wants(r)
+            if self.has_reads(r)
             and (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
-            and r.has_reads()
         ]
         if s.spark_mode == "always":
             return eligible
@@ -67,9 +67,14 @@ class Strategies:
         # a job spanning epochs holds Spark's cores until it is over: a job of one epoch
         # for other actors would wait for them, and every barrier with it
         on_spark = spark_sized and not self.spanning.running
-        if runner.kind == "source":
+        if runner.reads_from is ReadsFrom.KAFKA:
             return self.kafka_spark if on_spark else self.kafka_driver
         return self.spark_epoch if on_spark else self.driver
+
+    def has_reads(self, runner: Runner) -> bool:
+        """Whether the runner has reads for a round of reads to run (a job spanning epochs
+        reads for its actors on its own)."""
+        return not self.spanning.wants(runner) and runner.has_reads()
 
     def budget(self, strategy: ReadStrategy) -> int:
         """The rows a strategy reads per round: a Spark job's per job and epoch, the

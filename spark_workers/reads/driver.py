@@ -44,8 +44,6 @@ class DriverReads(ReadsOfOneRound):
 def read_table(runner: ActorRunner, conn: Any, max_rows: int) -> int:
     """One snapshot read of the open epoch, written at once; returns rows read (-1: none to do)."""
     ex = runner.executor
-    if runner.in_rounds:
-        return -1
     # an arrangement's rows come in one group under one limit (one round trip); the
     # other kinds read each vnode under its own share
     if runner.pushed_where is not None or runner.kind != "arrangement":

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from backfill_core.executors.messages import BarrierKind
-from spark_workers.actors import Fenced
+from spark_workers.actors import Fenced, ReadsFrom
 from spark_workers.reads.driver import read_table
 from spark_workers.reads.interface import CHUNK_ROWS, ReadContext
 from spark_workers.rounds import RoundsJob, rounds_eligible
@@ -43,12 +43,13 @@ class SpanningReads:
             s.spark_rounds
             and spark is not None
             and spark.pushdown
-            and runner.kind != "source"
+            and runner.reads_from is ReadsFrom.STATE_STORE
             and rounds_eligible(runner)
         )
 
     def wants(self, runner: Runner) -> bool:
-        return runner.kind != "source" and runner.in_rounds
+        """The job's actors are its own while it runs: nothing else reads for them."""
+        return self.job is not None and any(r is runner for r in self.job.runners)
 
     def start(self, large: Sequence[Runner]) -> None:
         """Start a job for the first job among ``large`` whose actors can read so, unless
@@ -133,8 +134,6 @@ class SpanningReads:
         finally:
             if conn is not None:
                 job.forget(conn)
-            for r in job.runners:
-                r.in_rounds = False
         log.info("Spark rounds %s ended after %s rounds", job.token, job.rounds)
         # a job dropped under its rounds (a write into a view that is gone) fails them: no
         # failure of this worker's other actors

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from spark_workers.actors import ReadsFrom
 from spark_workers.reads import CHUNK_ROWS, ReadStrategy, Strategies
 from spark_workers.settings import WorkerSettings
 
@@ -29,10 +30,11 @@ def actor(
         actor_id=actor_id,
         job_id=job_id,
         kind=kind,
-        in_rounds=False,
+        reads_from=ReadsFrom.KAFKA if kind == "source" else ReadsFrom.STATE_STORE,
         pushed_where="true" if pushed else None,
         executor=SimpleNamespace(budget=budget, paused=False),
         has_reads=lambda: True,
+        held=False,  # read by the job spanning epochs that runs
         remaining_estimate=lambda conn=None: left,
     )
 
@@ -66,7 +68,8 @@ def chosen(
     """Each actor's strategy (``spanning_runs``: while a job spanning epochs runs)."""
     reads = Strategies(ctx)
     if spanning_runs:
-        reads.spanning.job = SimpleNamespace(runners=[])  # type: ignore[assignment]
+        held = [r for r in ctx.runners.values() if r.held]
+        reads.spanning.job = SimpleNamespace(runners=held)  # type: ignore[assignment]
     sized = {r.actor_id for r in reads.spark_sized()}
     return {
         r.actor_id: reads.strategy_for(r, spark_sized=r.actor_id in sized)
@@ -114,7 +117,7 @@ def test_a_job_spanning_epochs_holds_spark() -> None:
     """While one runs, its actors are its own, and the others' large reads go to the
     driver (its tasks hold Spark's cores)."""
     mine, other, source = actor(1), actor(2, job_id=2), actor(3, job_id=3, kind="source")
-    mine.in_rounds = True
+    mine.held = True
     got, reads = chosen(Context([mine, other, source]), spanning_runs=True)
     assert got == {1: reads.spanning, 2: reads.driver, 3: reads.kafka_driver}
 
