@@ -1,0 +1,90 @@
+"""CDC from an upstream Postgres (issue 36): the table's schema from the upstream's
+catalog, its publication, slot and replica identity (``upstream``), the change stream
+over logical replication with ``pgoutput`` (``stream``, decoded by ``pgoutput``), and
+the CDC backfill's chunk reads with their LSN watermarks (``chunks``).
+``docs/architecture.md#cdc-backfill`` says how the executor takes them."""
+
+from .chunks import DeliveredTransactions, SnapshotBehind, chunk_query, read_chunk
+from .errors import (
+    InsufficientPrivilege,
+    LogicalReplicationOff,
+    NoPrimaryKey,
+    PgCdcError,
+    PublicationMismatch,
+    ReplicaIdentityNotFull,
+    SlotMismatch,
+    TableNotFound,
+    TruncateUnsupported,
+    UnsupportedColumn,
+    UnsupportedValue,
+    UpstreamSchemaChanged,
+    UpstreamUnreachable,
+)
+from .stream import (
+    ChangeStream,
+    RowChange,
+    StreamBatch,
+    Transaction,
+    TransactionAssembler,
+    TruncateChange,
+)
+from .upstream import (
+    SlotState,
+    TableRef,
+    UpstreamTable,
+    check_server,
+    connect,
+    drop_publication,
+    drop_slot,
+    ensure_publication,
+    ensure_replica_identity_full,
+    ensure_slot,
+    format_lsn,
+    introspect,
+    parse_lsn,
+    slot_state,
+)
+from .values import SESSION_OPTIONS, TYPES, parse_text
+
+__all__ = [
+    "SESSION_OPTIONS",
+    "TYPES",
+    "ChangeStream",
+    "DeliveredTransactions",
+    "InsufficientPrivilege",
+    "LogicalReplicationOff",
+    "NoPrimaryKey",
+    "PgCdcError",
+    "PublicationMismatch",
+    "ReplicaIdentityNotFull",
+    "RowChange",
+    "SlotMismatch",
+    "SlotState",
+    "SnapshotBehind",
+    "StreamBatch",
+    "TableNotFound",
+    "TableRef",
+    "Transaction",
+    "TransactionAssembler",
+    "TruncateChange",
+    "TruncateUnsupported",
+    "UnsupportedColumn",
+    "UnsupportedValue",
+    "UpstreamSchemaChanged",
+    "UpstreamTable",
+    "UpstreamUnreachable",
+    "check_server",
+    "chunk_query",
+    "connect",
+    "drop_publication",
+    "drop_slot",
+    "ensure_publication",
+    "ensure_replica_identity_full",
+    "ensure_slot",
+    "format_lsn",
+    "introspect",
+    "parse_lsn",
+    "parse_text",
+    "read_chunk",
+    "slot_state",
+]
