@@ -446,6 +446,9 @@ def test_chunks_in_key_order_with_watermarks_while_a_writer_writes(upstream: str
     finally:
         _HookCursor.hook = None
     assert [r[1] for r in got] == sorted(keys)  # bytewise: '0' < 'A' < 'B' < 'Z' < 'a' ...
+    # this server's collation is C.UTF-8 (code point order, as bytewise): the statement
+    # says COLLATE "C" for upstreams whose default collation orders otherwise
+    assert 'ORDER BY "src"."k" COLLATE "C" LIMIT' in cdc.chunk_query(t, True).as_string(conn)
     assert len(written) == len(lows_highs) == 4
     # each read's snapshot holds the writer's updates made while the chunks before were
     # open, not the one made while it was (after its statement), whose commit is below

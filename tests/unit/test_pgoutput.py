@@ -328,6 +328,9 @@ def test_snapshot_visibility_of_delivered_transactions() -> None:
     snap = f"{epoch - 5}:{epoch + 10}:{epoch + 2}"
     assert invisible(snap, [0xFFFFFFFE, 1, 2, 10]) == [2, 10]
     assert invisible(f"{epoch + 5}:{epoch + 6}:", [0xFFFFFFF0, 5, 6]) == [6]
+    # xmax just below the next epoch: xid 5 is of the next one (began after the snapshot)
+    top = epoch + 0xFFFFFFF0
+    assert invisible(f"{top}:{top}:", [5, 0xFFFFFFEF]) == [5]
 
 
 def test_delivered_transactions_are_checked_until_seen() -> None:
