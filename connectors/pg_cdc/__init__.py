@@ -18,6 +18,7 @@ from .errors import (
     UnsupportedColumn,
     UnsupportedValue,
     UpstreamSchemaChanged,
+    UpstreamTooOld,
     UpstreamUnreachable,
 )
 from .stream import (
@@ -42,7 +43,9 @@ from .upstream import (
     format_lsn,
     introspect,
     parse_lsn,
+    reachable,
     slot_state,
+    upstream_call,
 )
 from .values import SESSION_OPTIONS, TYPES, parse_text
 
@@ -72,6 +75,7 @@ __all__ = [
     "UnsupportedValue",
     "UpstreamSchemaChanged",
     "UpstreamTable",
+    "UpstreamTooOld",
     "UpstreamUnreachable",
     "check_server",
     "chunk_query",
@@ -85,6 +89,8 @@ __all__ = [
     "introspect",
     "parse_lsn",
     "parse_text",
+    "reachable",
     "read_chunk",
     "slot_state",
+    "upstream_call",
 ]

@@ -30,7 +30,7 @@ from backfill_core.executors.cdc import ChunkRead, ChunkRows
 from backfill_core.schema import ColumnType
 
 from .errors import PgCdcError
-from .upstream import UpstreamTable
+from .upstream import UpstreamTable, upstream_call
 from .values import parse_text
 
 __all__ = ["DeliveredTransactions", "SnapshotBehind", "chunk_query", "read_chunk"]
@@ -112,6 +112,7 @@ def chunk_query(table: UpstreamTable, after: bool) -> sql.Composed:
     )
 
 
+@upstream_call
 def read_chunk(
     conn: PgConnection,
     table: UpstreamTable,

@@ -16,6 +16,7 @@ __all__ = [
     "UnsupportedColumn",
     "UnsupportedValue",
     "UpstreamSchemaChanged",
+    "UpstreamTooOld",
     "UpstreamUnreachable",
 ]
 
@@ -30,6 +31,12 @@ class UpstreamUnreachable(PgCdcError):
     """The upstream server cannot be connected to (or the connection broke)."""
 
     code = "cdc_upstream_unreachable"
+
+
+class UpstreamTooOld(PgCdcError):
+    """A server before Postgres 13 (no ``pg_current_snapshot()``, which chunk reads use)."""
+
+    code = "cdc_upstream_too_old"
 
 
 class LogicalReplicationOff(PgCdcError):

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+from .errors import PgCdcError
+
 __all__ = [
     "UNCHANGED",
     "Begin",
@@ -51,7 +53,7 @@ UNCHANGED: Final = _Unchanged.UNCHANGED
 TupleValue = bytes | None | _Unchanged
 
 
-class DecodeError(ValueError):
+class DecodeError(PgCdcError, ValueError):
     """The bytes are not a pgoutput message of protocol version 1."""
 
     code = "cdc_decode_error"

@@ -295,8 +295,9 @@ class ChangeStream:
 
     def poll(self, timeout_s: float = 0.0, max_transactions: int = 1000) -> StreamBatch:
         """Whole transactions that arrived, waiting up to ``timeout_s`` for a first one;
-        at most ``max_transactions``. A schema change is raised once the transactions
-        before it are delivered (at the next poll)."""
+        at most ``max_transactions``. An error of the stream's contents (a schema
+        change, an undecodable message) is raised once the transactions before it are
+        delivered (at the next poll), and at every poll after."""
         if self._failed is not None:
             raise self._failed
         if self._cur is None:
@@ -323,10 +324,10 @@ class ChangeStream:
                     if txn.changes:
                         self.delivered.add(txn.xid, txn.lsn)
                         out.append(txn)
-        except PgCdcError as e:
+        except PgCdcError as e:  # for good: the stream cannot go past it
+            self._failed = e
             if not out:
                 raise
-            self._failed = e
         except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
             self.close()
             if not out:

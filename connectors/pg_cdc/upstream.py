@@ -9,11 +9,12 @@ so a retry or a recovery may run them again.
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, ParamSpec, TypeVar
 
 import psycopg2
 import psycopg2.errors
@@ -33,6 +34,7 @@ from .errors import (
     SlotMismatch,
     TableNotFound,
     UnsupportedColumn,
+    UpstreamTooOld,
     UpstreamUnreachable,
 )
 from .values import SESSION_OPTIONS, TYPES
@@ -52,12 +54,16 @@ __all__ = [
     "format_lsn",
     "introspect",
     "parse_lsn",
+    "reachable",
+    "upstream_call",
     "slot_state",
 ]
 
 CONNECT_TIMEOUT_S: Final = 5
 APPLICATION_NAME: Final = "mv-backfill-cdc"
+MIN_SERVER_VERSION: Final = 130000
 _T = TypeVar("_T")
+_P = ParamSpec("_P")
 
 
 def parse_lsn(text: str) -> int:
@@ -86,6 +92,27 @@ def connect(dsn: str, **kwargs: Any) -> PgConnection:
     if not isinstance(conn, psycopg2.extras.LogicalReplicationConnection):
         conn.autocommit = True  # a replication connection is, and may not be set
     return conn
+
+
+@contextmanager
+def reachable(what: str) -> Iterator[None]:
+    """A connection that broke (or could not be used) during ``what`` as
+    ``UpstreamUnreachable``: the caller connects again and retries, all of it idempotent."""
+    try:
+        yield
+    except (psycopg2.OperationalError, psycopg2.InterfaceError) as e:
+        raise UpstreamUnreachable(f"the upstream connection broke during {what}: {e}") from e
+
+
+def upstream_call(fn: Callable[_P, _T]) -> Callable[_P, _T]:
+    """``fn`` with a broken connection raised as ``UpstreamUnreachable`` (``reachable``)."""
+
+    @functools.wraps(fn)
+    def call(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with reachable(fn.__name__):
+            return fn(*args, **kwargs)
+
+    return call
 
 
 @contextmanager
@@ -151,9 +178,15 @@ class UpstreamTable:
         return tuple(row[i] for i in self.key_indices)
 
 
+@upstream_call
 def check_server(conn: PgConnection) -> None:
-    """``LogicalReplicationOff`` unless wal_level is logical with slots and senders;
+    """``UpstreamTooOld`` before Postgres 13; ``LogicalReplicationOff`` unless wal_level
+    is logical with slots and senders;
     ``InsufficientPrivilege`` unless the role may replicate."""
+    if conn.server_version < MIN_SERVER_VERSION:
+        raise UpstreamTooOld(
+            f"the upstream runs Postgres {conn.server_version}; CDC needs 13 or later"
+        )
     level, slots, senders = _one(
         conn,
         "SELECT current_setting('wal_level'), current_setting('max_replication_slots')::int,"
@@ -196,6 +229,7 @@ WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.ord
 """
 
 
+@upstream_call
 def introspect(conn: PgConnection, ref: TableRef) -> UpstreamTable:
     """The table's schema as ours, after checking the server and the role
     (``check_server``). Errors: ``TableNotFound``, ``NoPrimaryKey``,
@@ -248,6 +282,7 @@ def _ours(name: str) -> bool:
     return True
 
 
+@upstream_call
 def ensure_replica_identity_full(
     conn: PgConnection, table: UpstreamTable, *, alter: bool = True
 ) -> None:
@@ -281,7 +316,13 @@ LEFT JOIN pg_publication_tables pt
 WHERE p.pubname = %s
 """
 
+# before Postgres 15 a publication has no row filter and no column list
+_PUBLICATION_BEFORE_15 = _PUBLICATION.replace("pt.rowfilter IS NULL", "true").replace(
+    "pt.attnames IS NULL OR pt.attnames @> %s::name[]", "%s::name[] IS NOT NULL"
+)
 
+
+@upstream_call
 def ensure_publication(
     conn: PgConnection, table: UpstreamTable, name: str, *, create: bool = True
 ) -> bool:
@@ -291,8 +332,9 @@ def ensure_publication(
     out, or filters rows). Returns whether it was created now."""
     validate_identifier(name, "publication name")
     for _ in range(2):
+        query = _PUBLICATION if conn.server_version >= 150000 else _PUBLICATION_BEFORE_15
         found = _one(
-            conn, _PUBLICATION, [list(table.schema.names), table.ref.schema, table.ref.name, name]
+            conn, query, [list(table.schema.names), table.ref.schema, table.ref.name, name]
         )
         if found is not None:
             all_ops, covers, no_filter, all_cols = found
@@ -318,6 +360,7 @@ def ensure_publication(
     raise PublicationMismatch(f"publication {name!r} appeared and vanished")  # pragma: no cover
 
 
+@upstream_call
 def drop_publication(conn: PgConnection, name: str) -> None:
     validate_identifier(name, "publication name")
     with _privileged(f"drop publication {name!r}"):
@@ -344,6 +387,7 @@ FROM pg_replication_slots s WHERE s.slot_name = %s
 """
 
 
+@upstream_call
 def slot_state(conn: PgConnection, name: str) -> SlotState | None:
     """The slot's state, or None when there is no such slot."""
     found = _one(conn, _SLOT, [name])
@@ -359,6 +403,7 @@ def slot_state(conn: PgConnection, name: str) -> SlotState | None:
     return SlotState(name, pid, confirmed, restart, max(0, lag))
 
 
+@upstream_call
 def ensure_slot(conn: PgConnection, name: str) -> int:
     """Create logical slot ``name`` with ``pgoutput`` unless it exists; returns its
     confirmed LSN (for a new slot, its consistent point: the stream starts there, and
@@ -383,6 +428,7 @@ def ensure_slot(conn: PgConnection, name: str) -> int:
     raise SlotMismatch(f"slot {name!r} appeared and vanished")  # pragma: no cover
 
 
+@upstream_call
 def drop_slot(conn: PgConnection, name: str, *, timeout_s: float = 10.0) -> None:
     """Drop slot ``name`` if it exists, ending the replication connection that holds it
     (our stream: a slot is the service's own)."""

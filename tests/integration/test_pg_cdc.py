@@ -359,6 +359,46 @@ def test_slot_confirms_only_when_told_and_restarts_there(upstream: str) -> None:
     conn.close()
 
 
+def test_a_broken_stream_connects_again_and_skips_what_it_delivered(upstream: str) -> None:
+    conn, t, start = setup_cdc(upstream, "CREATE TABLE t (id int PRIMARY KEY)")
+    run(upstream, "INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)")
+    stream = cdc.ChangeStream(upstream, t, slot="s", publication="p", skip_upto=start)
+    first = drain(stream, 2)
+    # the walsender ends: nothing is confirmed, so the slot would send both again
+    state = until(lambda: cdc.slot_state(conn, "s"))
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", [state.active_pid])
+    with pytest.raises(cdc.UpstreamUnreachable) as e:
+        until(lambda: stream.poll(0.1) and False)
+    assert e.value.code == "cdc_upstream_unreachable"
+    run(upstream, "INSERT INTO t VALUES (3)")
+    again = drain(stream, 1)
+    assert [c.new_key for x in first + again for c in x.changes] == [(1,), (2,), (3,)]
+    assert first[-1].lsn < again[0].lsn
+    stream.close()
+    conn.close()
+
+
+def test_a_schema_change_upstream_ends_the_stream_after_what_came_before(upstream: str) -> None:
+    conn, t, start = setup_cdc(upstream, "CREATE TABLE t (id int PRIMARY KEY)")
+    run(
+        upstream,
+        "INSERT INTO t VALUES (1)",
+        "ALTER TABLE t ADD COLUMN v text",
+        "INSERT INTO t VALUES (2, 'x')",
+    )
+    with cdc.ChangeStream(upstream, t, slot="s", publication="p", skip_upto=start) as stream:
+        (before,) = drain(stream, 1)
+        assert [c.new_row for c in before.changes] == [(1,)]
+        with pytest.raises(cdc.UpstreamSchemaChanged) as e:
+            until(lambda: stream.poll(0.1) and False)
+        assert e.value.code == "cdc_upstream_schema_changed"
+        with pytest.raises(cdc.UpstreamSchemaChanged) as again:
+            stream.poll()  # for good: the table must be set up again
+        assert again.value is e.value
+    conn.close()
+
+
 def test_stream_and_chunk_reads_give_the_same_values(upstream: str) -> None:
     conn, t, start = setup_cdc(upstream, ALL_TYPES, "every")
     run(
