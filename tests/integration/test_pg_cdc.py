@@ -19,7 +19,13 @@ from psycopg2 import sql
 
 from backfill_core.changes import Op, Row
 from backfill_core.epoch import EpochPair
-from backfill_core.executors.cdc import CdcBackfill, CdcWrite, ChunkRead
+from backfill_core.executors.cdc import (
+    CdcBackfill,
+    CdcBarrierOutput,
+    CdcProgress,
+    CdcWrite,
+    ChunkRead,
+)
 from backfill_core.executors.messages import Barrier
 from backfill_core.schema import Column, ColumnType
 from connectors import pg_cdc as cdc
@@ -527,6 +533,9 @@ def test_a_chunk_read_waits_for_delivered_transactions_to_be_visible(upstream: s
 
 
 def test_cdc_backfill_over_a_live_writer_ends_equal_to_the_upstream(upstream: str) -> None:
+    """The executor driven by the real stream and chunk reads beside a writer (inserts,
+    updates, deletes, key changes, multi-statement transactions), with a crash and a
+    restore from the last committed epoch midway."""
     conn, t, start = setup_cdc(upstream, "CREATE TABLE t (id int PRIMARY KEY, v int)")
     run(upstream, "INSERT INTO t SELECT i, 0 FROM generate_series(1, 400, 2) i")
     done = threading.Event()
@@ -580,10 +589,10 @@ def test_cdc_backfill_over_a_live_writer_ends_equal_to_the_upstream(upstream: st
     ex = CdcBackfill(1, t.key_of, start_lsn=start)
     epochs = 0
 
-    def barrier() -> None:
+    def barrier() -> CdcBarrierOutput:
         nonlocal epochs
         epochs += 1
-        ex.on_barrier(Barrier(EpochPair(epoch(epochs - 1), epoch(epochs))))
+        return ex.on_barrier(Barrier(EpochPair(epoch(epochs - 1), epoch(epochs))))
 
     def upstream_now() -> dict[Row, Row]:
         c = cdc.read_chunk(conn, t, ChunkRead(1, None, 10_000), low=0)
@@ -595,19 +604,36 @@ def test_cdc_backfill_over_a_live_writer_ends_equal_to_the_upstream(upstream: st
     thread.start()
     deadline = time.monotonic() + 120
     final: dict[Row, Row] | None = None
+    committed = (dict(ours), ex.progress)
+    crashed = False
     try:
         while True:
             assert time.monotonic() < deadline, "the backfill did not catch up"
             batch = stream.poll(0.05, max_transactions=20)
             apply(ex.on_changes(batch.cdc_events(), upto=batch.position))
-            for read in ex.plan_reads(37):
+            for read in ex.plan_reads(7):
                 rows = cdc.read_chunk(
                     conn, t, read, low=ex.planned_at_lsn, delivered=stream.delivered
                 )
                 apply(ex.account(read, rows))
+            out = barrier()
             if epochs % 3 == 0:
-                stream.confirm(ex.lsn)
-            barrier()
+                # a checkpoint commits the epoch (our table and progress); then the slot
+                # may confirm the LSN recorded with it
+                committed = (dict(ours), CdcProgress.from_row(out.progress["table"][0]))
+                stream.confirm(out.lsn)
+            if epochs == 10 and not crashed:
+                # a crash: back to the last committed epoch; the slot resends from its
+                # confirmed LSN, the stream skips what that epoch holds already
+                crashed = True
+                stream.close()
+                ours.clear()
+                ours.update(committed[0])
+                ex = CdcBackfill(1, t.key_of, restore=committed[1])
+                stream = cdc.ChangeStream(
+                    upstream, t, slot="s", publication="p", skip_upto=committed[1].lsn
+                )
+                barrier()
             if done.is_set() and final is None:
                 final = upstream_now()
             if final is not None and ex.finished and ours == final:
@@ -616,6 +642,6 @@ def test_cdc_backfill_over_a_live_writer_ends_equal_to_the_upstream(upstream: st
         thread.join()
         stream.close()
     assert not errors
-    assert ex.finished and ex.chunks > 1
+    assert crashed and ex.finished and ex.chunks > 1
     assert ours == upstream_now()
     conn.close()
