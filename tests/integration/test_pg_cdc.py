@@ -359,9 +359,18 @@ def test_slot_confirms_only_when_told_and_restarts_there(upstream: str) -> None:
     # the caller skips what it applied already
     with cdc.ChangeStream(upstream, t, slot="s", publication="p", skip_upto=txns[2].lsn) as s3:
         assert [x.lsn for x in drain(s3, 1)] == [txns[3].lsn]
-    # lag: what the slot keeps; confirming the last one drops it below the WAL since
+    # lag: the WAL since the confirmed LSN, at least the two transactions not confirmed
     before = cdc.slot_state(conn, "s")
     assert before is not None and before.lag_bytes >= txns[3].lsn - txns[1].lsn
+    with cdc.ChangeStream(upstream, t, slot="s", publication="p") as s4:
+        s4.confirm(txns[3].lsn)
+        s4.poll(0.1)
+        after = until(
+            lambda: (
+                (st := cdc.slot_state(conn, "s")) and st.confirmed_flush_lsn == txns[3].lsn and st
+            )
+        )
+    assert 0 <= after.lag_bytes  # the WAL written since (none of ours)
     conn.close()
 
 
