@@ -370,7 +370,7 @@ def test_slot_confirms_only_when_told_and_restarts_there(upstream: str) -> None:
                 (st := cdc.slot_state(conn, "s")) and st.confirmed_flush_lsn == txns[3].lsn and st
             )
         )
-    assert 0 <= after.lag_bytes  # the WAL written since (none of ours)
+    assert after.lag_bytes >= 0  # the WAL written since (none of ours)
     conn.close()
 
 
