@@ -131,3 +131,13 @@ def kafka() -> Iterator[object]:
 
     with mock_kafka() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def logical_pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A libpq URL of a second embedded Postgres with ``wal_level = logical`` (an upstream
+    for CDC), for the session."""
+    from tests.kit.pg_logical import logical_postgres
+
+    with logical_postgres(tmp_path_factory.mktemp("pglogical")) as url:
+        yield url
