@@ -58,12 +58,13 @@ from spark_workers.runtime import Worker
 from spark_workers.settings import WorkerSettings
 from tests.kit.kafka import MockKafka
 
-ROUNDS = 1  # runs of each case (medians over more when raised)
+ROUNDS = 1  # runs of each case (medians when raised): one keeps a full run near 5 minutes
 # rows per second per actor of the throttled case: a budget of 150k rows per actor and
 # 1 s epoch, above spark_min_rows (100k), so Spark per epoch may serve it
 THROTTLE = 150_000
 
-# name -> (the worker's settings, what its counters must show)
+# case -> the worker's settings for it (``spark_mode=always``: Spark whatever the rows
+# left); ``_check`` says what the worker's counters must show
 UNTHROTTLED: dict[str, dict[str, Any]] = {
     "Spark spanning epochs": {"spark_mode": "always"},
     "Spark job per epoch": {"spark_mode": "always", "spark_rounds": False},
