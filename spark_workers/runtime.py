@@ -233,7 +233,9 @@ class Worker:
         if self.spark is not None:
             self.spark.cancel_warm_up()
             if self._warming is not None:
-                self._warming.join(timeout=30)  # its cancelled jobs end first
+                # its cancelled jobs end first (well within the 30 s a server gives its
+                # embedded worker to stop)
+                self._warming.join(timeout=10)
             self.spark.stop()
         self.client.close()
 

@@ -110,9 +110,13 @@ class SparkPath:
         ).to_text()
         with tempfile.TemporaryDirectory() as tmp:
             df = spark.read.format("backfill_store").option("plan", plan).load()
+            if self._stopping.is_set():
+                return
             df.write.format("backfill_store").option("plan", plan).option(
                 "summary", os.path.join(tmp, "summary.json")
             ).mode("append").save()
+        if self._stopping.is_set():
+            return
         # the tasks' modules imported and their connections opened in every worker, and
         # the driver's for work queues
         self._pushed_down(spark, plan, n)
