@@ -26,7 +26,7 @@ from backfill_core.protocol import ImportReport, ImportState, ImportTask
 from backfill_core.schema import ColumnType, TableSchema
 from spark_workers.client import ControlPlaneClient
 from spark_workers.exports import spark_error_message
-from spark_workers.import_source import BAD, FILE, FORMAT, ROW, ImportDataSource, bad_row_of
+from spark_workers.import_source import BAD, FILE, FORMAT, ROW, bad_row_of
 from spark_workers.spark_path import SparkPath
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,18 @@ def import_frame(session: Any, task: ImportTask) -> Any:
     schema = TableSchema.from_json(task.table_schema)
     if task.format == "parquet":
         raw = session.read.parquet(task.path)
+        present = {n.lower() for n in raw.columns}
         cols, bad = [], []
         for c in schema.columns:
+            if c.name.lower() not in present:
+                if not c.nullable:  # (a missing nullable column is null in every row)
+                    raise ImportFailed(
+                        "missing_column",
+                        f"the files have no column {c.name!r}, which is not nullable",
+                        {"column": c.name},
+                    )
+                cols.append(F.lit(None).cast(_SPARK_TYPES[c.type]).alias(c.name))
+                continue
             src = F.col(_quoted(c.name))
             cast = src.try_cast(_SPARK_TYPES[c.type])
             cols.append(cast.alias(c.name))
@@ -77,7 +87,7 @@ def import_frame(session: Any, task: ImportTask) -> Any:
             bad.append(F.when(src.isNotNull() & cast.isNull(), why))
         return raw.select(
             *cols,
-            F.coalesce(*bad).alias(BAD),
+            F.coalesce(*bad, F.lit(None).cast("STRING")).alias(BAD),
             F.col("_metadata.file_path").alias(FILE),
             F.col("_metadata.row_index").alias(ROW),
         )
@@ -106,7 +116,8 @@ def load_import(spark: SparkPath, task: ImportTask, group: str) -> int:
     session = spark.session()
     sc = session.sparkContext
     sc.setJobGroup(group, f"import {task.id} into {task.relation}", interruptOnCancel=True)
-    session.dataSource.register(ImportDataSource)
+    # a write looks its Python data source up in the thread's active session (as warm_up)
+    session._jvm.SparkSession.setActiveSession(session._jsparkSession)
     try:
         with tempfile.TemporaryDirectory(prefix="import-") as tmp:
             summary = os.path.join(tmp, "summary.json")
@@ -124,6 +135,8 @@ def load_import(spark: SparkPath, task: ImportTask, group: str) -> int:
 
 
 def _failure(session: Any, task: ImportTask, e: Exception) -> Exception:
+    if isinstance(e, ImportFailed):
+        return e
     text = str(e)
     where = bad_row_of(text)
     if where is not None:
