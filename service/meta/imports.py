@@ -98,7 +98,8 @@ def _publish(s: Session, x: Import, staged: int, now_ms: int) -> None:
     table = storage_of(rel)
     schema = TableSchema.from_json(rel.schema)
     cur = raw_cursor(s)
-    existing = staging.first_existing_key(cur, table, x.staging)
+    had_rows, _ = table.has_versions(cur, 0)
+    existing = staging.first_existing_key(cur, table, x.staging) if had_rows else None
     if existing is not None:
         key = _key_json(schema, existing)
         _finish(
