@@ -100,11 +100,14 @@ def publish(cur: Any, table: VersionedTable, name: str, epoch: int, *, replace: 
     if replace:
         q = q + table.last_write_wins
     cur.execute("SAVEPOINT import_publish")
+    # the sort by (vnode, pk) in memory, not in temporary files (until the savepoint ends)
+    cur.execute("SET LOCAL work_mem = '128MB'")
     try:
         cur.execute(q)
         rows = int(cur.rowcount)
     except (errors.UniqueViolation, errors.CardinalityViolation):
         cur.execute("ROLLBACK TO SAVEPOINT import_publish")
         raise DuplicateKey from None
+    cur.execute("SET LOCAL work_mem TO DEFAULT")
     cur.execute("RELEASE SAVEPOINT import_publish")
     return rows
