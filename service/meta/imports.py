@@ -101,14 +101,14 @@ def _publish(s: Session, x: Import, staged: int, now_ms: int) -> None:
     had_rows, _ = table.has_versions(cur, 0)
     existing = staging.first_existing_key(cur, table, x.staging) if had_rows else None
     if existing is not None:
-        key = _key_json(schema, existing)
+        found = _key_json(schema, existing)
         _finish(
             s,
             x,
             ImportState.FAILED,
-            f"insert of a key that already exists: {key}",
+            f"insert of a key that already exists: {found}",
             "key_exists",
-            {"key": key},
+            {"key": found},
         )
         return
     epoch = open_dml_epoch(s, now_ms)  # from here, the barrier closing it waits
