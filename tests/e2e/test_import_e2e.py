@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg2
+import psycopg2.errors
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -172,3 +174,65 @@ def test_imports_land_at_one_epoch_beside_dml_and_bad_rows_write_nothing(
                 text("SELECT count(*) FROM pg_tables WHERE tablename LIKE '\\_import\\_%'")
             ).scalar_one()
             assert staged == 0
+
+
+def _staging_exists(db: Database, import_id: int) -> bool:
+    with db.engine.begin() as c:
+        q = "SELECT to_regclass(:t) IS NOT NULL"
+        return bool(c.execute(text(q), {"t": f'store."_import_{import_id}"'}).scalar_one())
+
+
+def test_a_running_import_cancelled_stops_and_writes_nothing(
+    db: Database, fresh_db_url: str, tmp_path: Path
+) -> None:
+    """Its tasks held at their COPY by a lock on the staging table (taken once the claim
+    created it, before any task wrote: a lock that cannot be had at once means a task
+    wrote already, and the attempt is made again with other files)."""
+    with running_cluster(db, fresh_db_url, WorkerSettings(), "import-cancel") as (http, worker):
+        load(http, 10)
+        wait_for(lambda: worker.spark is not None, 60, "the worker's Spark path")
+        assert worker.spark is not None
+        worker.spark.session()
+        for attempt in range(5):
+            lo = (attempt + 1) * BASE
+            path = tmp_path / f"held-{attempt}.json"
+            path.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(lo, lo + 50_000)))
+            r = http.post(
+                "/v1/tables/orders/imports", json={"format": "json", "path": f"file:{path}"}
+            )
+            xid = int(r.json()["id"])
+            wait_for(lambda xid=xid: _staging_exists(db, xid), 60, "the claim")
+            blocker = psycopg2.connect(db.libpq_url)
+            try:
+                with blocker.cursor() as cur:
+                    cur.execute("SET lock_timeout = '100ms'")
+                    try:
+                        cur.execute(f'LOCK TABLE store."_import_{xid}" IN ACCESS EXCLUSIVE MODE')
+                    except psycopg2.errors.LockNotAvailable:
+                        blocker.rollback()
+                        wait_for(
+                            lambda xid=xid: http.get(f"/v1/imports/{xid}").json()["state"] in ENDED,
+                            180,
+                            "the import that was not held",
+                        )
+                        continue
+                assert http.get(f"/v1/imports/{xid}").json()["state"] == "running"
+                assert http.delete(f"/v1/imports/{xid}").json()["state"] == "cancelled"
+            finally:
+                blocker.rollback()
+                blocker.close()
+            wait_for(lambda xid=xid: not _staging_exists(db, xid), 120, "its staging table dropped")
+            got = http.get(f"/v1/imports/{xid}").json()
+            assert (got["state"], got["rows"], got["epoch"]) == ("cancelled", None, None)
+            r = http.post(
+                "/v1/tables/orders/dml",
+                params={"wait": "true"},
+                json={"ops": [{"op": "insert", "row": {"id": 11, "amount": 1, "note": "x"}}]},
+            )
+            assert not any(i >= lo for i in _rows_at(http, int(r.json()["epoch"])))
+            # the worker is free for the next import
+            ok = tmp_path / "ok.json"
+            ok.write_text(json.dumps({"id": 12}) + "\n")
+            assert _import(http, "json", ok)["state"] == "succeeded"
+            return
+        pytest.fail("every attempt's tasks wrote before the lock")
