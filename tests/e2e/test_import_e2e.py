@@ -2,7 +2,8 @@
 files of ``file:`` paths land at one epoch (at the epoch before it, none of their rows;
 at it, all) while a writer's DML goes on on other keys, both exact and the row counts
 too; a bad row fails the import naming its file and row (or line) and writes nothing,
-as do a key that exists and a path that does not."""
+as do a key that exists and a path that does not; a running import cancelled stops and
+writes nothing."""
 
 from __future__ import annotations
 
