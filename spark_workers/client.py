@@ -32,6 +32,10 @@ from backfill_core.protocol import (
     ExportReportAnswer,
     ExportTask,
     FailureReport,
+    ImportReport,
+    ImportReportAnswer,
+    ImportState,
+    ImportTask,
     PollAnswer,
     RegisterRequest,
     Registration,
@@ -194,6 +198,27 @@ class ControlPlaneClient:
         url = f"/v1/workers/{self.worker_id}/exports/{export_id}"
         r = self._call("POST", url, json=report.to_json())
         return ExportReportAnswer.from_json(self._json(r))
+
+    def claim_import(self) -> ImportTask | None:
+        """A queued import, now this worker's to run; None when none is queued. Not
+        retried once sent, as ``claim_export``."""
+        r = self._call("POST", f"/v1/workers/{self.worker_id}/imports/claim", idempotent=False)
+        if r.status_code == 204:
+            return None
+        return ImportTask.from_json(self._json(r))
+
+    def report_import(
+        self, import_id: int, report: ImportReport, *, publish_timeout_s: float = 600.0
+    ) -> ImportReportAnswer:
+        """A report on an import; one that its rows are staged is answered once they are
+        published (one statement, longer than other calls: ``publish_timeout_s``). A
+        retry of it is safe: it finds the import published already."""
+        url = f"/v1/workers/{self.worker_id}/imports/{import_id}"
+        extra: dict[str, Any] = {}
+        if report.state is ImportState.SUCCEEDED:
+            extra["timeout"] = publish_timeout_s
+        r = self._call("POST", url, json=report.to_json(), **extra)
+        return ImportReportAnswer.from_json(self._json(r))
 
     def deregister(self) -> None:
         self._json(self._call("DELETE", f"/v1/workers/{self.worker_id}"), 204)

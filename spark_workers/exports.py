@@ -135,7 +135,7 @@ class ExportRunner:
                 final = ExportReport(ExportState.CANCELLED)
             else:
                 log.exception("export %s failed", task.id)
-                final = ExportReport(ExportState.FAILED, error=_message(e))
+                final = ExportReport(ExportState.FAILED, error=spark_error_message(e))
         finally:
             done.set()
             watcher.join()
@@ -154,7 +154,7 @@ class ExportRunner:
         # the leader fails it once this worker is gone; until then its pin stays
 
 
-def _message(e: Exception) -> str:
+def spark_error_message(e: Exception) -> str:
     """The first line of Spark's error (a Py4J error carries the whole JVM stack)."""
     text: Any = getattr(e, "desc", None) or str(e) or type(e).__name__
     first = str(text).strip().splitlines()

@@ -27,6 +27,7 @@ from backfill_core.protocol import SUPERSEDED, Assignment, CollectRequest, Error
 from spark_workers.actors import ActorFailed, ActorRunner, Fenced
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.exports import ExportRunner
+from spark_workers.imports import ImportRunner
 from spark_workers.log_ids import forget_log_labels, label_log_records
 from spark_workers.reads import Strategies
 from spark_workers.rounds import RoundsJob
@@ -77,8 +78,9 @@ class Worker:
         self.barrier_wanted = False  # actors read all they had: the next poll asks for it
         # how the actors' reads move, chosen per actor (``spark_workers.reads``)
         self.reads = Strategies(self)
-        # exports run on a thread of their own, as Spark jobs beside the actors' work
+        # exports and imports run on threads of their own, as Spark jobs beside the actors' work
         self.exports = ExportRunner(self.client, lambda: self.spark, self.stop_event)
+        self.imports = ImportRunner(self.client, lambda: self.spark, self.stop_event)
 
     @property
     def rounds(self) -> RoundsJob | None:
@@ -138,6 +140,7 @@ class Worker:
     def run(self) -> int:
         threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True).start()
         threading.Thread(target=self.exports.run, name="exports", daemon=True).start()
+        threading.Thread(target=self.imports.run, name="imports", daemon=True).start()
         while not self.stop_event.is_set():
             if self.must_register and not self._try_register():
                 self.stop_event.wait(1.0)

@@ -80,6 +80,7 @@ class SparkPath:
             if self._spark is None:
                 self._spark = build_session(self.master, java_options=WORKER_JAVA_OPTIONS)
                 from spark_workers.datasource import StoreDataSource
+                from spark_workers.import_source import ImportDataSource
                 from spark_workers.kafka_datasource import KafkaBackfillDataSource
                 from spark_workers.shipped_code import ship_code
 
@@ -87,6 +88,7 @@ class SparkPath:
                 ship_code(self._spark)
                 self._spark.dataSource.register(StoreDataSource)
                 self._spark.dataSource.register(KafkaBackfillDataSource)
+                self._spark.dataSource.register(ImportDataSource)
             return self._spark
 
     def warm_up(self) -> None:

@@ -1,6 +1,6 @@
 """The contract between the control plane and the workers, in one place: the worker
 protocol's messages (``assignment``: the poll's answer; ``messages``: registration,
-collects, failure reports; ``exports``: export work), its error codes (``errors``) and the plans of the worker's
+collects, failure reports; ``exports``, ``imports``: export and import work), its error codes (``errors``) and the plans of the worker's
 Spark jobs (``plan``). Each type decodes its JSON once (``from_json``) and encodes it
 once (``to_json``); both sides use these, the control plane behind the pydantic models
 of its HTTP edge (``service.api.workers``).
@@ -23,6 +23,12 @@ from backfill_core.protocol.exports import (
     ExportReportAnswer,
     ExportState,
     ExportTask,
+)
+from backfill_core.protocol.imports import (
+    ImportReport,
+    ImportReportAnswer,
+    ImportState,
+    ImportTask,
 )
 from backfill_core.protocol.messages import (
     CollectAnswer,
@@ -62,6 +68,10 @@ __all__ = [
     "ExportState",
     "ExportTask",
     "FailureReport",
+    "ImportReport",
+    "ImportReportAnswer",
+    "ImportState",
+    "ImportTask",
     "GroupStart",
     "JobSpec",
     "MalformedMessage",

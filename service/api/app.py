@@ -19,6 +19,7 @@ from service.api import (
     events,
     exports,
     health,
+    imports,
     jobs,
     metrics,
     sources,
@@ -51,6 +52,10 @@ OPENAPI_TAGS: list[dict[str, Any]] = [
     {
         "name": "exports",
         "description": "A table's or view's snapshot at an epoch written as Parquet by Spark.",
+    },
+    {
+        "name": "imports",
+        "description": "Parquet, CSV or JSON files loaded into a table by Spark, at one epoch.",
     },
     {"name": "sources", "description": "Kafka topics of JSON objects, read as tables."},
     {"name": "jobs", "description": "Materialized views and their online backfill."},
@@ -127,6 +132,7 @@ def create_app(settings: Settings | None = None, db: Database | None = None) -> 
     app.include_router(tables.router)
     app.include_router(changes.router)
     app.include_router(exports.router)
+    app.include_router(imports.router)
     app.include_router(sources.router)
     app.include_router(jobs.router)
     app.include_router(events.router)

@@ -23,7 +23,7 @@ from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
 from service.context import ServiceContext
 from service.db import json_text
 from service.embedded_pg import to_libpq_url
-from service.meta import creating, exports, workers
+from service.meta import creating, exports, imports, workers
 
 
 def _coded(what: str, *codes: ErrorCode) -> dict[str, Any]:
@@ -367,3 +367,62 @@ def claim_export(worker_id: int, ctx: Ctx) -> Response:
 def report_export(worker_id: int, export_id: int, body: ExportReport, ctx: Ctx) -> Response:
     report = protocol.ExportReport(protocol.ExportState(body.state), body.rows, body.error)
     return _json(exports.report(ctx.db, worker_id, export_id, report))
+
+
+class ImportTask(BaseModel):
+    id: int
+    relation: str
+    storage_table: str
+    table_schema: dict[str, Any]
+    format: str
+    path: str
+    staging_table: str
+
+
+class ImportReport(RequestBody):
+    state: Literal["running", "succeeded", "failed", "cancelled"]
+    rows: int | None = Field(default=None, ge=0, le=MAX_BIGINT)
+    error: str | None = Field(default=None, max_length=10_000)
+    error_code: str | None = Field(default=None, max_length=100)
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ImportReportAnswer(BaseModel):
+    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    error: str | None = None
+
+
+EDGE_MODELS |= {
+    ImportTask: protocol.ImportTask,
+    ImportReport: protocol.ImportReport,
+    ImportReportAnswer: protocol.ImportReportAnswer,
+}
+
+
+@router.post(
+    "/{worker_id}/imports/claim",
+    response_model=ImportTask,
+    responses={204: {"description": "No import is queued"}},
+    operation_id="claimImport",
+    openapi_extra=INTERNAL,
+)
+def claim_import(worker_id: int, ctx: Ctx) -> Response:
+    task = imports.claim(ctx.db, worker_id)
+    return Response(status_code=204) if task is None else _json(task)
+
+
+@router.post(
+    "/{worker_id}/imports/{import_id}",
+    response_model=ImportReportAnswer,
+    operation_id="reportImport",
+    openapi_extra=INTERNAL,
+)
+def report_import(worker_id: int, import_id: int, body: ImportReport, ctx: Ctx) -> Response:
+    """``succeeded``: the rows are staged; the answer comes once they are published."""
+    report = protocol.ImportReport(
+        protocol.ImportState(body.state), body.rows, body.error, body.error_code, body.details
+    )
+    answer = imports.report(ctx.db, worker_id, import_id, report, ctx.clock())
+    if answer.state is protocol.ImportState.SUCCEEDED:
+        ctx.signal.notify()
+    return _json(answer)

@@ -252,6 +252,31 @@ class Export(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
 
+class Import(Base):
+    """Files loaded into a table by a worker's Spark job and published at one epoch
+    (``service/usecases/imports.py``); ``staging`` names its staging table in the
+    store's schema while that exists."""
+
+    __tablename__ = "imports"
+    __table_args__ = (Index("ix_imports_state", "state"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    relation_id: Mapped[int | None] = mapped_column(ForeignKey("relations.id", ondelete="SET NULL"))
+    relation: Mapped[str] = mapped_column(Text)
+    format: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(Text)  # queued | running | succeeded | failed | cancelled
+    epoch: Mapped[int | None] = mapped_column(BigInteger)  # published at, once succeeded
+    rows: Mapped[int | None] = mapped_column(BigInteger)
+    error: Mapped[str | None] = mapped_column(Text)
+    error_code: Mapped[str | None] = mapped_column(Text)
+    error_details: Mapped[dict[str, Any] | None]
+    staging: Mapped[str | None] = mapped_column(Text)
+    worker_id: Mapped[int | None] = mapped_column(ForeignKey("workers.id"))
+    created_at: Mapped[dt.datetime] = _now()
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+
 class Barrier(Base):
     __tablename__ = "barriers"
     __table_args__ = (Index("ix_barriers_graph_id_state", "graph_id", "state"),)

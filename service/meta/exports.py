@@ -35,7 +35,7 @@ def release_pin(s: Session, export_id: int) -> None:
     s.execute(delete(EpochPin).where(EpochPin.holder == pin_holder(export_id)))
 
 
-def _check_alive(s: Session, worker_id: int) -> None:
+def check_alive(s: Session, worker_id: int) -> None:
     state = s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar_one_or_none()
     if state is None:
         raise NotFound(
@@ -55,7 +55,7 @@ def claim(db: Database, worker_id: int) -> ExportTask | None:
     """The oldest queued export, now running on this worker; None when there is none.
     Several workers claim at once without waiting for each other (``SKIP LOCKED``)."""
     with db.transaction() as s:
-        _check_alive(s, worker_id)
+        check_alive(s, worker_id)
         x = s.execute(
             select(Export)
             .where(Export.state == ExportState.QUEUED.value)

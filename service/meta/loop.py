@@ -20,7 +20,7 @@ from service import migrate
 from service.catalog.models import Barrier, Graph
 from service.clock import Clock, system_clock
 from service.db import Database
-from service.meta import barriers, creating, exports, gc, metrics, recovery, sources
+from service.meta import barriers, creating, exports, gc, imports, metrics, recovery, sources
 from service.meta.chores import Chore
 from service.meta.indexer import EpochIndexer
 from service.meta.signal import BarrierSignal
@@ -177,8 +177,11 @@ class MetaLoop:
             for g in orphaned:
                 recovery.request_recovery(s, g, "actor without a live worker")
             exports.sweep(s)
+            imports.sweep(s)
             if self.spawner is not None and (
-                recovery.graphs_with_orphans_any_state(s) or exports.any_queued(s)
+                recovery.graphs_with_orphans_any_state(s)
+                or exports.any_queued(s)
+                or imports.any_queued(s)
             ):
                 self.spawner.ensure()
 

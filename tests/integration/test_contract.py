@@ -77,8 +77,9 @@ CHECKS = [
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "410", "429", "5xx"]
 # ... or for what the document cannot know: the columns of the table the request names
 # (a DML row's, a job's columns and filter, a key's), the parallelism its vnodes allow,
-# a reachable Kafka topic; a cursor (`after`) is opaque, like an id; an export's path
-# must be one Spark can write (absolute, of a scheme it has, no dot segments: a 400)
+# a reachable Kafka topic; a cursor (`after`) is opaque, like an id; an export's or an
+# import's path must be one Spark can use (absolute, of a scheme it has, no dot
+# segments: a 400)
 STATE_DEPENDENT = {
     "createTable": ["422"],
     "createJob": ["422"],
@@ -87,6 +88,7 @@ STATE_DEPENDENT = {
     "applyTableDml": ["422", "400"],  # 400: a bulk body's line that is not JSON or CSV
     "readTableRows": ["400"],
     "createExport": ["400"],
+    "createImport": ["400"],
 }
 EXAMPLES = int(os.environ.get("CONTRACT_EXAMPLES", "8"))
 RANDOM_SEED = int(os.environ.get("CONTRACT_SEED", "20261127"))

@@ -55,6 +55,10 @@ PUBLIC_OPERATIONS = {
     ("GET", "/v1/exports"): "listExports",
     ("GET", "/v1/exports/{export_id}"): "getExport",
     ("DELETE", "/v1/exports/{export_id}"): "cancelExport",
+    ("POST", "/v1/tables/{name}/imports"): "createImport",
+    ("GET", "/v1/imports"): "listImports",
+    ("GET", "/v1/imports/{import_id}"): "getImport",
+    ("DELETE", "/v1/imports/{import_id}"): "cancelImport",
     ("GET", "/v1/events"): "streamEvents",
     ("GET", "/v1/jobs/{job_id}/events"): "streamJobEvents",
 }
