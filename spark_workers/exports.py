@@ -14,9 +14,6 @@ job's group.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
-from typing import Any
 
 from backfill_core.protocol import (
     ExportReport,
@@ -27,7 +24,7 @@ from backfill_core.protocol import (
     VnodeRead,
 )
 from backfill_core.schema import TableSchema
-from spark_workers.client import ControlPlaneClient
+from spark_workers.claimed import ClaimedJobs, spark_error_message
 from spark_workers.datasource import FORMAT
 from spark_workers.spark_path import SparkPath
 
@@ -69,93 +66,29 @@ def write_export(spark: SparkPath, task: ExportTask, group: str) -> int:
         sc.setLocalProperty("spark.jobGroup.id", None)
 
 
-class ExportRunner:
+class ExportRunner(ClaimedJobs[ExportTask, ExportReport]):
     """Claims and runs exports one at a time until ``stop`` is set."""
 
-    def __init__(
-        self,
-        client: ControlPlaneClient,
-        spark: Callable[[], SparkPath | None],
-        stop: threading.Event,
-        *,
-        claim_s: float = 1.0,
-        report_s: float = 1.0,
-    ) -> None:
-        self.client = client
-        self.spark = spark
-        self.stop = stop
-        self.claim_s = claim_s
-        self.report_s = report_s
-        self.exports = 0  # exports run to an end, however it ended
+    kind = "export"
 
-    def run(self) -> None:
-        while not self.stop.wait(self.claim_s):
-            spark = self.spark()
-            if spark is None or self.client.worker_id is None:
-                continue  # not registered yet, or Spark is off on this worker
-            try:
-                task = self.client.claim_export()
-            except Exception as e:  # the main loop handles the control plane's absence
-                log.debug("could not claim an export: %s", e)
-                continue
-            if task is not None:
-                self.run_export(spark, task)
+    def claim(self) -> ExportTask | None:
+        return self.client.claim_export()
 
-    def run_export(self, spark: SparkPath, task: ExportTask) -> None:
+    def report_running(self, task: ExportTask) -> bool:
+        answer = self.client.report_export(task.id, ExportReport(ExportState.RUNNING))
+        return answer.state is ExportState.RUNNING
+
+    def execute(self, spark: SparkPath, task: ExportTask, group: str) -> ExportReport:
         log.info("export %s of %s at epoch %s to %s", task.id, task.relation, task.epoch, task.path)
-        group = f"export-{task.id}"
-        done = threading.Event()
-        stopped = threading.Event()  # the control plane answered other than running
+        return ExportReport(ExportState.SUCCEEDED, write_export(spark, task, group))
 
-        def watch() -> None:
-            while not done.wait(self.report_s):
-                if stopped.is_set():
-                    # again until the write ends: a job submitted after a cancel (the
-                    # session or its Python workers were still starting) is not cancelled
-                    spark.session().sparkContext.cancelJobGroup(group)
-                    continue
-                try:
-                    answer = self.client.report_export(task.id, ExportReport(ExportState.RUNNING))
-                except Exception as e:
-                    log.warning("could not report on export %s: %s", task.id, e)
-                    continue
-                if answer.state is not ExportState.RUNNING:
-                    log.info("export %s is %s: stopping its job", task.id, answer.state)
-                    stopped.set()
-                    spark.session().sparkContext.cancelJobGroup(group)
+    def cancelled(self) -> ExportReport:
+        return ExportReport(ExportState.CANCELLED)
 
-        watcher = threading.Thread(target=watch, name=f"export-{task.id}-watch", daemon=True)
-        watcher.start()
-        final: ExportReport
-        try:
-            rows = write_export(spark, task, group)
-            final = ExportReport(ExportState.SUCCEEDED, rows)
-        except Exception as e:
-            if stopped.is_set():
-                final = ExportReport(ExportState.CANCELLED)
-            else:
-                log.exception("export %s failed", task.id)
-                final = ExportReport(ExportState.FAILED, error=spark_error_message(e))
-        finally:
-            done.set()
-            watcher.join()
-        self._report_end(task, final)
-        self.exports += 1
+    def failed(self, task: ExportTask, error: Exception) -> ExportReport:
+        log.error("export %s failed", task.id, exc_info=error)
+        return ExportReport(ExportState.FAILED, error=spark_error_message(error))
 
-    def _report_end(self, task: ExportTask, final: ExportReport) -> None:
-        for attempt in range(5):  # the client retries transport errors itself
-            try:
-                self.client.report_export(task.id, final)
-                return
-            except Exception as e:
-                log.warning("could not report the end of export %s (%s): %s", task.id, attempt, e)
-                if self.stop.wait(1.0):
-                    return
-        # the leader fails it once this worker is gone; until then its pin stays
-
-
-def spark_error_message(e: Exception) -> str:
-    """The first line of Spark's error (a Py4J error carries the whole JVM stack)."""
-    text: Any = getattr(e, "desc", None) or str(e) or type(e).__name__
-    first = str(text).strip().splitlines()
-    return (first[0] if first else type(e).__name__)[:2000]
+    def report_end(self, task: ExportTask, final: ExportReport) -> None:
+        # not reported: the leader fails it once this worker is gone; until then its pin stays
+        self.client.report_export(task.id, final)

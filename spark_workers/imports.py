@@ -18,14 +18,11 @@ import json
 import logging
 import os
 import tempfile
-import threading
-from collections.abc import Callable
 from typing import Any
 
 from backfill_core.protocol import ImportReport, ImportState, ImportTask
 from backfill_core.schema import ColumnType, TableSchema
-from spark_workers.client import ControlPlaneClient
-from spark_workers.exports import spark_error_message
+from spark_workers.claimed import ClaimedJobs, spark_error_message
 from spark_workers.import_source import BAD, FILE, FORMAT, ROW, bad_row_of
 from spark_workers.spark_path import SparkPath
 
@@ -182,90 +179,37 @@ def _line_of(session: Any, file: str, record: str) -> int | None:
     return int(hits[0]) + 1 if hits else None
 
 
-class ImportRunner:
+class ImportRunner(ClaimedJobs[ImportTask, ImportReport]):
     """Claims and runs imports one at a time until ``stop`` is set."""
 
-    def __init__(
-        self,
-        client: ControlPlaneClient,
-        spark: Callable[[], SparkPath | None],
-        stop: threading.Event,
-        *,
-        claim_s: float = 1.0,
-        report_s: float = 1.0,
-    ) -> None:
-        self.client = client
-        self.spark = spark
-        self.stop = stop
-        self.claim_s = claim_s
-        self.report_s = report_s
-        self.imports = 0  # imports run to an end, however it ended
+    kind = "import"
 
-    def run(self) -> None:
-        while not self.stop.wait(self.claim_s):
-            spark = self.spark()
-            if spark is None or self.client.worker_id is None:
-                continue
-            try:
-                task = self.client.claim_import()
-            except Exception as e:  # the main loop handles the control plane's absence
-                log.debug("could not claim an import: %s", e)
-                continue
-            if task is not None:
-                self.run_import(spark, task)
+    def claim(self) -> ImportTask | None:
+        return self.client.claim_import()
 
-    def run_import(self, spark: SparkPath, task: ImportTask) -> None:
+    def report_running(self, task: ImportTask) -> bool:
+        answer = self.client.report_import(task.id, ImportReport(ImportState.RUNNING))
+        return answer.state is ImportState.RUNNING
+
+    def execute(self, spark: SparkPath, task: ImportTask, group: str) -> ImportReport:
         log.info(
             "import %s of %s files at %s into %s", task.id, task.format, task.path, task.relation
         )
-        group = f"import-{task.id}"
-        done = threading.Event()
-        stopped = threading.Event()
+        return ImportReport(ImportState.SUCCEEDED, load_import(spark, task, group))
 
-        def watch() -> None:
-            while not done.wait(self.report_s):
-                if stopped.is_set():
-                    spark.session().sparkContext.cancelJobGroup(group)
-                    continue
-                try:
-                    answer = self.client.report_import(task.id, ImportReport(ImportState.RUNNING))
-                except Exception as e:
-                    log.warning("could not report on import %s: %s", task.id, e)
-                    continue
-                if answer.state is not ImportState.RUNNING:
-                    log.info("import %s is %s: stopping its job", task.id, answer.state)
-                    stopped.set()
-                    spark.session().sparkContext.cancelJobGroup(group)
+    def cancelled(self) -> ImportReport:
+        return ImportReport(ImportState.CANCELLED)
 
-        watcher = threading.Thread(target=watch, name=f"import-{task.id}-watch", daemon=True)
-        watcher.start()
-        final: ImportReport
-        try:
-            rows = load_import(spark, task, group)
-            final = ImportReport(ImportState.SUCCEEDED, rows)
-        except Exception as e:
-            if stopped.is_set():
-                final = ImportReport(ImportState.CANCELLED)
-            elif isinstance(e, ImportFailed):
-                log.warning("import %s failed: %s", task.id, e)
-                final = ImportReport(ImportState.FAILED, None, str(e)[:2000], e.code, e.details)
-            else:
-                log.exception("import %s failed", task.id)
-                final = ImportReport(ImportState.FAILED, None, spark_error_message(e), "spark")
-        finally:
-            done.set()
-            watcher.join()
-        self._report_end(task, final)
-        self.imports += 1
+    def failed(self, task: ImportTask, error: Exception) -> ImportReport:
+        if isinstance(error, ImportFailed):  # a bad file or row: the import's own error
+            log.warning("import %s failed: %s", task.id, error)
+            return ImportReport(
+                ImportState.FAILED, None, str(error)[:2000], error.code, error.details
+            )
+        log.error("import %s failed", task.id, exc_info=error)
+        return ImportReport(ImportState.FAILED, None, spark_error_message(error), "spark")
 
-    def _report_end(self, task: ImportTask, final: ImportReport) -> None:
-        for attempt in range(5):  # the client retries transport errors itself
-            try:
-                answer = self.client.report_import(task.id, final)
-                log.info("import %s: %s %s", task.id, answer.state, answer.error or "")
-                return
-            except Exception as e:
-                log.warning("could not report the end of import %s (%s): %s", task.id, attempt, e)
-                if self.stop.wait(1.0):
-                    return
-        # the leader fails it once this worker is gone, and drops its staging table
+    def report_end(self, task: ImportTask, final: ImportReport) -> None:
+        # not reported: the leader fails it once this worker is gone, and drops its staging
+        answer = self.client.report_import(task.id, final)
+        log.info("import %s: %s %s", task.id, answer.state, answer.error or "")
