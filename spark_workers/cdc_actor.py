@@ -52,8 +52,10 @@ UPDATE cdc_tables SET state = %s, current_pos = %s::jsonb, lsn = %s, row_count =
 WHERE relation_id = %s
 """
 _RECORD = """
-INSERT INTO cdc_epochs (relation_id, epoch, lsn) VALUES (%s, %s, %s)
-ON CONFLICT (relation_id, epoch) DO UPDATE SET lsn = greatest(cdc_epochs.lsn, EXCLUDED.lsn)
+INSERT INTO cdc_epochs (relation_id, epoch, lsn, state, current_pos)
+VALUES (%s, %s, %s, %s, %s::jsonb)
+ON CONFLICT (relation_id, epoch) DO UPDATE
+SET lsn = EXCLUDED.lsn, state = EXCLUDED.state, current_pos = EXCLUDED.current_pos
 """
 # the LSN of the main graph's committed epoch: the last recorded at or below it
 _COMMITTED_LSN = """
@@ -223,11 +225,12 @@ class CdcRunner:
             fence(cur, self.graph_id, self.recovery_seq, self.actor_id)
             delta = self._write_rows(cur, epoch, writes)
             add_row_count_delta(cur, self.relation_id, epoch, delta)
+            pos = json.dumps(self._pos_json(progress.current_pos))
             cur.execute(
                 _SAVE,
                 [
                     progress.state.value,
-                    json.dumps(self._pos_json(progress.current_pos)),
+                    pos,
                     progress.lsn,
                     progress.row_count,
                     progress.chunks,
@@ -236,7 +239,7 @@ class CdcRunner:
                     self.relation_id,
                 ],
             )
-            cur.execute(_RECORD, [self.relation_id, epoch, progress.lsn])
+            cur.execute(_RECORD, [self.relation_id, epoch, progress.lsn, progress.state.value, pos])
             cur.execute(_COMMITTED_LSN, [MAIN_GRAPH, self.relation_id])
             committed = cur.fetchone()
             if committed is not None and committed[0] > self._committed_epoch_seen:

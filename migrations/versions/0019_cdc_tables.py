@@ -63,6 +63,8 @@ def upgrade() -> None:
         sa.Column("relation_id", sa.Integer(), nullable=False),
         sa.Column("epoch", sa.BigInteger(), nullable=False),
         sa.Column("lsn", sa.BigInteger(), nullable=False),
+        sa.Column("state", sa.Text(), nullable=False),
+        sa.Column("current_pos", JSONB(), nullable=True),
         sa.ForeignKeyConstraint(
             ["relation_id"],
             ["cdc_tables.relation_id"],

@@ -114,6 +114,9 @@ class CdcEpoch(Base):
     )
     epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     lsn: Mapped[int] = mapped_column(BigInteger)
+    # the backfill's state and position then: the table holds the upstream's keys up to it
+    state: Mapped[str] = mapped_column(Text)
+    current_pos: Mapped[list[Any] | None]
 
 
 class Source(Base):

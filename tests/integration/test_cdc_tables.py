@@ -8,6 +8,8 @@ restore, while the slot confirms no further than that LSN."""
 
 from __future__ import annotations
 
+import random
+import time
 from typing import Any
 
 import psycopg2
@@ -15,11 +17,18 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from service.catalog.models import CdcTable, Relation
-from service.db import Database
+from backfill_core.executors.cdc import ChunkRead
+from backfill_core.protocol import Assignment, BarrierMessage
+from connectors import pg_cdc as cdc
+from service.catalog.models import CdcEpoch, CdcTable, Graph, Relation
+from service.catalog.queries import get_relation, storage_of
+from service.db import Database, raw_cursor
 from service.embedded_pg import to_libpq_url
 from service.meta.loop import MetaLoop
+from spark_workers import cdc_actor
+from spark_workers.cdc_actor import CdcRunner
 from tests.integration.test_pg_cdc import run
+from tests.kit.meta import FakeWorker
 
 pytestmark = pytest.mark.db
 
@@ -226,3 +235,205 @@ def test_wal_level_privilege_unreachable_and_body_shapes(
     r = api.post("/v1/tables", json={"name": "orders"})
     assert r.status_code == 422 and "postgres" in r.text, r.text
     _nothing_written(db, upstream)
+
+
+# -- the actor, driven with the meta by hand ---------------------------------------------
+
+
+class Oracle:
+    """Every committed upstream transaction with its commit LSN, from a slot of the
+    test's own (made before any row): the upstream table at any LSN, replayed."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = cdc.connect(url)
+        self.table = cdc.introspect(self.conn, cdc.TableRef.parse("t"))
+        cdc.ensure_replica_identity_full(self.conn, self.table)
+        cdc.ensure_publication(self.conn, self.table, "oracle")
+        start = cdc.ensure_slot(self.conn, "oracle_" + url.rsplit("/", 1)[1][:16])
+        self.stream = cdc.ChangeStream(
+            url,
+            self.table,
+            slot="oracle_" + url.rsplit("/", 1)[1][:16],
+            publication="oracle",
+            skip_upto=start,
+        )
+        self.log: list[tuple[int, Any]] = []  # (lsn, event)
+
+    def catch_up(self, lsn: int) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while self.stream.position < lsn:
+            assert time.monotonic() < deadline, "the oracle's stream did not get there"
+            batch = self.stream.poll(0.1)
+            self.log += [(e.lsn, e) for e in batch.cdc_events()]
+
+    def at(self, lsn: int) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+        self.catch_up(lsn)
+        rows: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        for at, e in self.log:
+            if at > lsn:
+                break
+            if e.row is None:
+                rows.pop(e.key, None)
+            else:
+                rows[e.key] = e.row
+        return rows
+
+    def close(self) -> None:
+        self.stream.close()
+        self.conn.close()
+
+
+def _burst(cur: Any, rng: random.Random, n: int, step: int) -> None:
+    """``n`` upstream transactions: inserts, updates, deletes, key changes, several
+    statements in one."""
+    for i in range(n):
+        k, k2 = rng.randrange(1, 700), rng.randrange(1, 700)
+        op = rng.choice(["ins", "upd", "del", "key", "txn"])
+        v = step * 1000 + i
+        if op == "ins":
+            cur.execute(
+                "INSERT INTO t VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v",
+                [k, v],
+            )
+        elif op == "upd":
+            cur.execute("UPDATE t SET v = %s WHERE id = %s", [v, k])
+        elif op == "del":
+            cur.execute("DELETE FROM t WHERE id = %s", [k])
+        elif op == "key":
+            cur.execute(
+                "UPDATE t SET id = %s WHERE id = %s AND NOT EXISTS (SELECT FROM t WHERE id = %s)",
+                [k2, k, k2],
+            )
+        else:
+            cur.execute("BEGIN")
+            cur.execute("UPDATE t SET v = v + 1 WHERE id BETWEEN %s AND %s", [k, k + 20])
+            cur.execute("DELETE FROM t WHERE id = %s", [k2])
+            cur.execute("COMMIT")
+
+
+def _ours_at(db: Database, epoch: int) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    with db.transaction() as s:
+        table = storage_of(get_relation(s, "t"))
+        rows = table.snapshot(raw_cursor(s), epoch, (0, table.schema.vnode_count))
+        return {table.key_of(r): r for _, r in rows}
+
+
+def _recorded(db: Database) -> tuple[int, CdcEpoch | None]:
+    """The committed epoch and what was recorded at or below it (LSN and position)."""
+    with db.transaction() as s:
+        committed = s.execute(select(Graph.committed_epoch).where(Graph.id == 1)).scalar_one()
+        rec = s.execute(
+            select(CdcEpoch)
+            .where(CdcEpoch.epoch <= committed)
+            .order_by(CdcEpoch.epoch.desc())
+            .limit(1)
+        ).scalar_one_or_none()
+        if rec is not None:
+            s.expunge(rec)
+    return committed, rec
+
+
+def _upto(
+    rows: dict[tuple[Any, ...], tuple[Any, ...]], rec: CdcEpoch
+) -> dict[tuple[Any, ...], tuple[Any, ...]]:
+    """The upstream's rows our table holds at ``rec``: those up to its position."""
+    if rec.state == "finished":
+        return rows
+    if rec.current_pos is None:
+        return {}
+    pos = tuple(rec.current_pos)
+    return {k: v for k, v in rows.items() if k <= pos}
+
+
+def _collect_all(worker: FakeWorker, runner: CdcRunner, conn: Any) -> None:
+    for a in worker.poll():
+        for b in a["barriers"]:
+            out = runner.on_barrier(conn, BarrierMessage.from_json(b))
+            extra = {
+                k: v for k, v in out.to_json().items() if k in ("progress", "rows", "finished")
+            }
+            r = worker.collect(out.actor_id, b, **extra)
+            assert r.status_code == 200, r.text
+
+
+def test_the_actor_keeps_every_committed_epoch_equal_to_the_upstream_at_its_lsn(
+    manual: tuple[TestClient, MetaLoop],
+    db: Database,
+    upstream: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Chunks of the backfill merged with the stream while the upstream changes, new
+    incarnations restored from the durable progress midway: at every committed epoch the
+    table equals the upstream at the LSN recorded with it (up to the position the
+    backfill reached then), and the slot never confirmed beyond that LSN."""
+    monkeypatch.setattr(cdc_actor, "CHUNK_ROWS", 40)  # many chunks
+    api, loop = manual
+    run(upstream, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    oracle = Oracle(upstream)
+    run(upstream, "INSERT INTO t SELECT i, 0 FROM generate_series(1, 600, 2) i")
+    worker = FakeWorker(api).register()
+    r = api.post("/v1/tables", json={"name": "t", "postgres": {"dsn": upstream, "table": "t"}})
+    assert r.status_code == 201, r.text
+    slot, job_id = r.json()["postgres"]["slot"], r.json()["postgres"]["job_id"]
+    conn = psycopg2.connect(db.libpq_url)
+    writer = psycopg2.connect(upstream)
+    writer.autocommit = True
+    upconn = cdc.connect(upstream)
+    rng = random.Random(36)
+    loop.tick()
+    [a] = worker.poll()
+    runner = CdcRunner(Assignment.from_json(a), conn)
+    checked: set[int] = set()
+
+    def check() -> tuple[int, CdcEpoch | None]:
+        committed, rec = _recorded(db)
+        if rec is not None and committed not in checked:
+            checked.add(committed)
+            assert _ours_at(db, committed) == _upto(oracle.at(rec.lsn), rec)
+            state = cdc.slot_state(upconn, slot)
+            assert state is not None and state.confirmed_flush_lsn <= rec.lsn
+        return committed, rec
+
+    try:
+        with writer.cursor() as wcur:
+            for step in range(45):
+                loop.tick()
+                _collect_all(worker, runner, conn)
+                if step < 35:
+                    _burst(wcur, rng, 6, step)
+                for _ in range(2):
+                    runner.step(conn)
+                if step in (12, 25):
+                    # a new incarnation (its worker killed): from the durable progress
+                    saved = runner._saved
+                    runner.close()
+                    runner = CdcRunner(Assignment.from_json(worker.poll()[0]), conn)
+                    assert runner.executor.progress == saved
+                check()
+        deadline = time.monotonic() + DEADLINE_S
+        while True:  # quiescence: the backfill over, the table is the upstream's
+            assert time.monotonic() < deadline, "the backfill did not end"
+            loop.tick()
+            _collect_all(worker, runner, conn)
+            runner.step(conn)
+            committed, rec = check()
+            if rec is not None and rec.state == "finished" and rec.lsn >= runner.executor.lsn:
+                break
+        final = {oracle.table.key_of(r): r for r in _upstream_rows(upconn, oracle.table)}
+        assert _ours_at(db, committed) == final
+        assert len(checked) > 10
+        progress = api.get(f"/v1/jobs/{job_id}/progress").json()["cdc"]
+        assert progress["phase"] == "streaming" and progress["chunks"] > 5, progress
+        assert progress["confirmed_lsn"] is not None, progress
+        rows = api.get("/v1/tables/t/rows", params={"limit": 1000}).json()["rows"]
+        assert sorted((x["id"], x["v"]) for x in rows) == sorted(final.values())
+    finally:
+        runner.close()
+        oracle.close()
+        conn.close()
+        writer.close()
+        upconn.close()
+
+
+def _upstream_rows(conn: Any, table: cdc.UpstreamTable) -> list[tuple[Any, ...]]:
+    return list(cdc.read_chunk(conn, table, ChunkRead(1, None, 100_000), low=0).rows)
