@@ -112,6 +112,8 @@ class Worker:
         if self.conn is not None:
             self.conn.close()
         self.conn = psycopg2.connect(worker_dsn(reg.database_url))
+        for runner in self.runners.values():
+            _close(runner)
         self.runners.clear()
         if self.settings.spark_mode != "never":
             if self.spark is not None and self.spark.dsn != reg.database_url:

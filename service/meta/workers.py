@@ -199,11 +199,12 @@ _ACTORS_OF = text(
     """
 )
 
-# The live actors of the jobs writing the given relations (MVs read by other jobs)
+# The live actors of the jobs writing the given relations (MVs read by other jobs); a
+# CDC table's actor writes like DML, between barriers, so its readers wait for nothing
 _PRODUCERS = text(
     """
     SELECT j.mv_relation_id, a.id FROM jobs j JOIN actors a ON a.job_id = j.id
-    WHERE j.mv_relation_id = ANY(:rels) AND a.last_epoch IS NULL
+    WHERE j.mv_relation_id = ANY(:rels) AND a.last_epoch IS NULL AND j.kind <> 'cdc'
     ORDER BY a.id
     """
 )

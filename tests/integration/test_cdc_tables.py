@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import replace
 from typing import Any
 
 import psycopg2
@@ -26,6 +27,7 @@ from service.db import Database, raw_cursor
 from service.embedded_pg import to_libpq_url
 from service.meta.loop import MetaLoop
 from spark_workers import cdc_actor
+from spark_workers.actors import ActorFailed
 from spark_workers.cdc_actor import CdcRunner
 from tests.integration.test_pg_cdc import run
 from tests.kit.meta import FakeWorker
@@ -450,3 +452,57 @@ def test_the_actor_keeps_every_committed_epoch_equal_to_the_upstream_at_its_lsn(
 
 def _upstream_rows(conn: Any, table: cdc.UpstreamTable) -> list[tuple[Any, ...]]:
     return list(cdc.read_chunk(conn, table, ChunkRead(1, None, 100_000), low=0).rows)
+
+
+@pytest.mark.parametrize(
+    ("change", "code", "fatal"),
+    [
+        ("TRUNCATE t", "cdc_truncate_unsupported", True),
+        (
+            "ALTER TABLE t ADD COLUMN w int; INSERT INTO t VALUES (99, 1, 1)",
+            "cdc_upstream_schema_changed",
+            True,
+        ),
+        ("unreachable", "cdc_upstream_unreachable", False),
+    ],
+)
+def test_upstream_trouble_fails_the_actor_with_its_code(
+    manual: tuple[TestClient, MetaLoop],
+    db: Database,
+    upstream: str,
+    change: str,
+    code: str,
+    fatal: bool,
+) -> None:
+    """A TRUNCATE or a schema change upstream fails the job (fatal: trying again cannot
+    help); an unreachable upstream fails the actor only, for the failure policy to retry
+    with backoff. The error names the connector's code."""
+    api, loop = manual
+    run(upstream, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 1)")
+    FakeWorker(api).register()
+    r = api.post("/v1/tables", json={"name": "t", "postgres": {"dsn": upstream, "table": "t"}})
+    assert r.status_code == 201, r.text
+    loop.tick()
+    conn = psycopg2.connect(db.libpq_url)
+    worker = FakeWorker(api)
+    worker.worker_id = 1
+    [a] = worker.poll()
+    runner = CdcRunner(Assignment.from_json(a), conn)
+    try:
+        runner.step(conn)
+        if change == "unreachable":
+            runner.close()
+            bad = Assignment.from_json(a)
+            ref = replace(bad.job.cdc, dsn="postgresql://u:sekrit@127.0.0.1:1/x?connect_timeout=2")
+            runner = CdcRunner(replace(bad, job=replace(bad.job, cdc=ref)), conn)
+        else:
+            run(upstream, *change.split("; "))
+        deadline = time.monotonic() + DEADLINE_S
+        with pytest.raises(ActorFailed) as failed:
+            while time.monotonic() < deadline:
+                runner.step(conn)
+        assert failed.value.fatal is fatal and str(failed.value).startswith(code), failed.value
+        assert "sekrit" not in str(failed.value)
+    finally:
+        runner.close()
+        conn.close()
