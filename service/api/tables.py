@@ -73,22 +73,54 @@ class PostgresView(BaseModel):
     job_id: int | None = Field(description="the job that mirrors it")
 
 
+_TABLE_EXAMPLES = [
+    {
+        "name": "orders",
+        "columns": [
+            {"name": "id", "type": "bigint", "nullable": False},
+            {"name": "customer", "type": "text"},
+            {"name": "amount", "type": "numeric"},
+        ],
+        "primary_key": ["id"],
+    },
+    {
+        "name": "orders",
+        "postgres": {
+            "dsn": "postgresql://replicator:secret@db.internal:5432/shop",
+            "table": "public.orders",
+        },
+    },
+]
+
+
+def _columns_or_postgres(schema: dict[str, Any]) -> None:
+    """The document's TableCreate: `columns` and `primary_key`, or `postgres` (a CDC
+    table), never both (the validator's rule, stated for clients)."""
+    schema["examples"] = _TABLE_EXAMPLES
+    null = {"type": "null"}
+    schema["oneOf"] = [
+        {
+            "required": ["columns", "primary_key"],
+            "properties": {
+                "columns": {"type": "array"},
+                "primary_key": {"type": "array"},
+                "postgres": null,
+            },
+        },
+        {
+            "required": ["postgres"],
+            "properties": {
+                "postgres": {"type": "object"},
+                "columns": null,
+                "primary_key": null,
+                "distribution_key": null,
+            },
+        },
+    ]
+
+
 class TableCreate(RequestBody):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "name": "orders",
-                    "columns": [
-                        {"name": "id", "type": "bigint", "nullable": False},
-                        {"name": "customer", "type": "text"},
-                        {"name": "amount", "type": "numeric"},
-                    ],
-                    "primary_key": ["id"],
-                }
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra=_columns_or_postgres)
     name: Name = Field(examples=["orders"])
     columns: list[ColumnSpec] | None = Field(default=None, min_length=1, max_length=1000)
     primary_key: list[Name] | None = Field(default=None, min_length=1, max_length=32)

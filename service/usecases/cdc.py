@@ -31,7 +31,7 @@ from service.catalog import events, idempotency, reader_views
 from service.catalog.models import MAIN_GRAPH_ID, CdcTable, Job, JobProgress, Relation
 from service.catalog.queries import ACTIVE_JOB_STATES, get_relation, storage_of
 from service.db import Database, raw_cursor
-from service.errors import Conflict, Invalid, ServiceError, Unavailable
+from service.errors import Conflict, Invalid, ServiceError
 from service.meta.scheduler import place_job_actors
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,8 @@ def as_service_error(e: cdc.PgCdcError, dsn: str) -> ServiceError:
     """A connector error as the API's: told apart by ``code``, never by text."""
     message = _scrub(str(e), dsn)
     if e.code == cdc.UpstreamUnreachable.code:
-        return Unavailable(message, {"field": "postgres.dsn"}, code=e.code)
+        # as a Kafka source's unreachable broker: the request's address is at fault
+        return Invalid(message, {"field": "postgres.dsn"}, code=e.code)
     details: dict[str, Any] = {"field": _FIELDS.get(e.code, "postgres")}
     if isinstance(e, cdc.UnsupportedColumn):
         details |= {"column": e.column, "type": e.type_name}
@@ -269,44 +270,56 @@ def is_mirrored(s: Any, relation_id: int) -> bool:
 
 def drop_cdc_table(db: Database, rel_name: str) -> bool:
     """Drop a CDC table (False: ``rel_name`` is no CDC table): its job, the table, and
-    the slot and publication the service made, after the catalog committed (the worker
-    lets go of the slot once its actor is gone; ``drop_slot`` ends its connection)."""
+    the slot and publication the service made. The upstream is reached first (a 4xx
+    and nothing dropped when it cannot be); the slot is dropped once the catalog
+    committed (the worker lets go of it as its actor goes; ``drop_slot`` ends the
+    connection that still holds it)."""
     with db.transaction() as s:
-        rel = get_relation(s, rel_name, lock=True)
+        rel = get_relation(s, rel_name)
         row = s.get(CdcTable, rel.id)
         if row is None:
             return False
-        readers = list(
-            s.execute(
-                select(Job.name).where(
-                    Job.upstream_relation_id == rel.id, Job.state.in_(ACTIVE_JOB_STATES)
-                )
-            ).scalars()
-        )
-        if readers:
-            raise Conflict(
-                f"table {rel_name!r} is read by job(s) {', '.join(readers)}", {"jobs": readers}
-            )
         dsn, slot, pub = row.dsn, row.slot, row.publication
         made_slot, made_pub = row.created_slot, row.created_publication
-        if row.job_id is not None:
-            s.execute(delete(JobProgress).where(JobProgress.job_id == row.job_id))
-            job = s.get(Job, row.job_id)
-            if job is not None:
-                events.record(s, "dropped", job.id)
-                s.delete(job)
-        s.delete(row)
-        s.flush()
-        reader_views.drop_view_of(raw_cursor(s), rel)
-        storage_of(rel).drop(raw_cursor(s))
-        s.delete(rel)
-    if made_slot or made_pub:
-        with _upstream(dsn) as conn:
-            if made_slot:
-                cdc.drop_slot(conn, slot)
-            if made_pub:
-                cdc.drop_publication(conn, pub)
+    with _upstream(dsn) if made_slot or made_pub else _nothing() as conn:
+        with db.transaction() as s:
+            rel = get_relation(s, rel_name, lock=True)
+            row = s.get(CdcTable, rel.id)
+            if row is None:
+                return False
+            readers = list(
+                s.execute(
+                    select(Job.name).where(
+                        Job.upstream_relation_id == rel.id, Job.state.in_(ACTIVE_JOB_STATES)
+                    )
+                ).scalars()
+            )
+            if readers:
+                raise Conflict(
+                    f"table {rel_name!r} is read by job(s) {', '.join(readers)}",
+                    {"jobs": readers},
+                )
+            if row.job_id is not None:
+                s.execute(delete(JobProgress).where(JobProgress.job_id == row.job_id))
+                job = s.get(Job, row.job_id)
+                if job is not None:
+                    events.record(s, "dropped", job.id)
+                    s.delete(job)
+            s.delete(row)
+            s.flush()
+            reader_views.drop_view_of(raw_cursor(s), rel)
+            storage_of(rel).drop(raw_cursor(s))
+            s.delete(rel)
+        if made_slot:
+            cdc.drop_slot(conn, slot)
+        if made_pub:
+            cdc.drop_publication(conn, pub)
     return True
+
+
+@contextmanager
+def _nothing() -> Iterator[Any]:
+    yield None
 
 
 @dataclass(frozen=True)

@@ -224,7 +224,7 @@ def test_wal_level_privilege_unreachable_and_body_shapes(
         "/v1/tables",
         json=_pg("postgresql://u:sekrit-pw@127.0.0.1:1/none?connect_timeout=2", "orders"),
     )
-    assert r.status_code == 503, r.text
+    assert r.status_code == 422, r.text
     assert r.json()["error"]["code"] == "cdc_upstream_unreachable"
     assert "sekrit-pw" not in r.text
     # not a DSN: not echoed
