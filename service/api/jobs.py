@@ -35,6 +35,10 @@ class Upstream(BaseModel):
     model_config = STRICT
     table: str | None = Field(default=None, max_length=63, description="a table or a view")
     source: str | None = Field(default=None, max_length=63, description="a Kafka source")
+    postgres: str | None = Field(
+        default=None,
+        description="a CDC table's job: the upstream Postgres table it mirrors (schema.table)",
+    )
 
     @model_serializer(mode="wrap")
     def _only_the_one_given(self, handler: Any) -> dict[str, str]:
@@ -250,6 +254,14 @@ class Verification(BaseModel):
     unexpected: list[dict[str, Any]] = Field(description="a sample of the rows it should not have")
 
 
+def _upstream(ctx: ServiceContext, job: Job, names: jobs.JobNames) -> Upstream:
+    if names.upstream_table or names.upstream_source:
+        return Upstream(table=names.upstream_table, source=names.upstream_source)
+    if job.kind == "cdc" and (mirror := cdc.progress_of_job(ctx.db, job.id)) is not None:
+        return Upstream(postgres=mirror.upstream)
+    return Upstream(table="")
+
+
 def _view(ctx: ServiceContext, job: Job, facts: jobs.JobFacts | None = None) -> JobView:
     if facts is None:
         facts = jobs.facts_of(ctx.db, [job])[job.id]
@@ -257,9 +269,7 @@ def _view(ctx: ServiceContext, job: Job, facts: jobs.JobFacts | None = None) -> 
     return JobView(
         id=job.id,
         name=job.name,
-        upstream=Upstream(table=names.upstream_table, source=names.upstream_source)
-        if names.upstream_table or names.upstream_source
-        else Upstream(table=""),
+        upstream=_upstream(ctx, job, names),
         kind=job.kind,
         state=job.state,  # type: ignore[arg-type]
         paused=job.paused,

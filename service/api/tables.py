@@ -95,25 +95,26 @@ _TABLE_EXAMPLES = [
 
 def _columns_or_postgres(schema: dict[str, Any]) -> None:
     """The document's TableCreate: `columns` and `primary_key`, or `postgres` (a CDC
-    table), never both (the validator's rule, stated for clients)."""
+    table), never both (the validator's rule, stated for clients). The three may be
+    left out, not null."""
     schema["examples"] = _TABLE_EXAMPLES
-    null = {"type": "null"}
+    props = schema["properties"]
+    for key in ("columns", "primary_key", "postgres"):
+        prop = props[key]
+        props[key] = {
+            **prop["anyOf"][0],
+            **{k: v for k, v in prop.items() if k in ("description", "title")},
+        }
     schema["oneOf"] = [
-        {
-            "required": ["columns", "primary_key"],
-            "properties": {
-                "columns": {"type": "array"},
-                "primary_key": {"type": "array"},
-                "postgres": null,
-            },
-        },
+        {"required": ["columns", "primary_key"], "not": {"required": ["postgres"]}},
         {
             "required": ["postgres"],
-            "properties": {
-                "postgres": {"type": "object"},
-                "columns": null,
-                "primary_key": null,
-                "distribution_key": null,
+            "not": {
+                "anyOf": [
+                    {"required": ["columns"]},
+                    {"required": ["primary_key"]},
+                    {"required": ["distribution_key"]},
+                ]
             },
         },
     ]

@@ -95,7 +95,8 @@ def test_create_mirrors_the_schema_refuses_dml_and_drop_takes_slot_and_publicati
     assert slots == [pg["slot"]] and pubs == [pg["publication"]]
     # its job: kind cdc, one actor; it cannot be dropped, nor rescaled, on its own
     job = api.get(f"/v1/jobs/{pg['job_id']}").json()
-    assert job["kind"] == "cdc"
+    assert job["kind"] == "cdc" and job["upstream"] == {"postgres": "public.orders"}
+    assert job["mv_table"] == "orders" and job["parallelism"] == 1
     r = api.delete(f"/v1/jobs/{pg['job_id']}")
     assert r.status_code == 409 and r.json()["error"]["code"] == "job_is_cdc", r.text
     r = api.patch(f"/v1/jobs/{pg['job_id']}", json={"parallelism": 2})
