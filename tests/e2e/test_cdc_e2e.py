@@ -20,12 +20,14 @@ import pytest
 
 from backfill_core.executors.cdc import ChunkRead
 from connectors import pg_cdc as cdc
+from connectors.pg_cdc.upstream import APPLICATION_NAME
 from service.db import Database
 from service.settings import Settings
+from spark_workers.settings import WorkerSettings
 from tests.integration.test_cdc_tables import Oracle, _burst, _ours_at, _recorded, _upto
 from tests.integration.test_pg_cdc import run
 from tests.kit.auth import http_client
-from tests.kit.e2e import assert_exact, wait_created, wait_for
+from tests.kit.e2e import assert_exact, running_cluster, wait_created, wait_for
 from tests.kit.live import RestartableServer, worker_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.db]
@@ -163,3 +165,63 @@ def test_cdc_table_is_exact_through_kill_and_control_plane_restart(
         assert cdc.slot_state(upconn, slot) is None
     oracle.close()
     upconn.close()
+
+
+def test_an_unreachable_upstream_makes_the_job_wait_and_recover(
+    db: Database, fresh_db_url: str, upstream: str, logical_pg_url: str
+) -> None:
+    """The upstream refuses connections for a while (its database closed to them, the
+    CDC table's connections ended): the actor fails with the connector's code, the
+    failure policy backs off and retries, the job neither fails nor goes silent, and
+    once the upstream is back the table catches up with what changed meanwhile."""
+    run(upstream, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 1)")
+    database = upstream.split("?")[0].rsplit("/", 1)[1]
+    with running_cluster(
+        db,
+        fresh_db_url,
+        WorkerSettings(spark_mode="never"),
+        barrier_interval_ms=100,
+        failure_backoff_initial_ms=200,
+        failure_backoff_max_ms=1_000,
+        failure_max_attempts=1_000,
+    ) as (http, _):
+        r = http.post("/v1/tables", json={"name": "t", "postgres": {"dsn": upstream, "table": "t"}})
+        assert r.status_code == 201, r.text
+        job = r.json()["postgres"]["job_id"]
+        wait_created(http, job)
+        writer = psycopg2.connect(upstream)  # open before the doors close: it stays
+        writer.autocommit = True
+        admin = psycopg2.connect(logical_pg_url)
+        admin.autocommit = True
+        try:
+            with admin.cursor() as cur:
+                cur.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false')
+                cur.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s AND application_name = %s",
+                    [database, APPLICATION_NAME],
+                )
+            with writer.cursor() as cur:
+                cur.execute("INSERT INTO t VALUES (2, 2)")
+                cur.execute("UPDATE t SET v = 10 WHERE id = 1")
+
+            def failed_on_the_upstream() -> bool:
+                p = _job(http, job)[1]
+                return any("cdc_upstream_unreachable" in f["message"] for f in p["failures"])
+
+            wait_for(failed_on_the_upstream, 60, "the actor's failure")
+            assert _job(http, job)[0]["state"] == "created"
+            with admin.cursor() as cur:
+                cur.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+
+            def caught_up() -> bool:
+                rows = http.get("/v1/tables/t/rows").json()["rows"]
+                return sorted((x["id"], x["v"]) for x in rows) == [(1, 10), (2, 2)]
+
+            wait_for(caught_up, 60, "the table caught up")
+            assert _job(http, job)[0]["state"] == "created"
+        finally:
+            with admin.cursor() as cur:
+                cur.execute(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true')
+            admin.close()
+            writer.close()
