@@ -26,7 +26,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from backfill_core.changes import Row, Version
-from backfill_core.executors.cdc import CdcBackfill, CdcProgress, CdcState, CdcWrite
+from backfill_core.executors.cdc import (
+    CdcBackfill,
+    CdcProgress,
+    CdcState,
+    CdcWrite,
+    ChunkPhase,
+)
 from backfill_core.protocol import Assignment, BarrierMessage, CollectProgress, CollectRequest
 from backfill_core.schema import TableSchema, coerce_value, value_to_json
 from connectors import pg_cdc as cdc
@@ -103,6 +109,7 @@ class CdcRunner:
         self.lag_bytes: int | None = None
         self._lag_at = 0.0
         self._committed_epoch_seen = 0
+        self._idle = False
 
     # durable progress -------------------------------------------------------
 
@@ -167,8 +174,10 @@ class CdcRunner:
         self.recovery_seq = recovery_seq
 
     def has_reads(self) -> bool:
-        """The stream is always to be read."""
-        return True
+        """Whether a round of reads is due now: unless the last one found the stream
+        quiet and no chunk to read, in which case the worker waits for its next barrier
+        (a long poll, not a busy loop of polls) and reads again after it."""
+        return not self._idle
 
     def remaining_estimate(self, conn: Any = None) -> int:
         return 0
@@ -203,6 +212,8 @@ class CdcRunner:
         self._measure_lag()
         if writes or ex.progress != self._saved or self.confirmed is None:
             self._write(conn, writes)
+        no_chunk = ex.finished or not ex.started or ex.paused or ex.budget == 0
+        self._idle = not batch.transactions and ex.chunk_phase is ChunkPhase.IDLE and no_chunk
         return len(writes)
 
     def _measure_lag(self) -> None:
@@ -280,6 +291,7 @@ class CdcRunner:
     def on_barrier(self, conn: Any, message: BarrierMessage) -> CollectRequest:
         barrier = message.barrier
         out = self.executor.on_barrier(barrier)
+        self._idle = False  # a new epoch: read the stream (and confirm) at least once
         return CollectRequest(
             self.actor_id,
             self.recovery_seq,
