@@ -243,8 +243,7 @@ def create_cdc_table(
                     events.record(s, "job_created", job.id, name=job.name, backfill="cdc")
                     idempotency.created(s, claim, {"table": name})
                     return rel
-            except IntegrityError as e:
-                log.warning("cdc create: %s", e.orig)
+            except IntegrityError:  # (not logged: a failing row's text would hold the DSN)
                 raise Conflict(
                     f"a table or job named {name!r} (or cdc_{name}) already exists",
                     {"name": name},
