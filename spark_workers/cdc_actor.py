@@ -189,7 +189,8 @@ class CdcRunner:
 
     def step(self, conn: Any) -> int:
         """Poll the stream, read a chunk if one is due, write what came of it; the
-        writes made (-1: nothing to do)."""
+        writes made. A failure leaves the executor ahead of what was committed: the
+        runner is dropped with it, and its next incarnation restores."""
         try:
             return self._step(conn)
         except _FATAL as e:
