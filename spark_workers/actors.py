@@ -36,6 +36,7 @@ class ReadsFrom(Enum):
 
     STATE_STORE = "state_store"  # a table of ours: arrangement, chain, snapshot
     KAFKA = "kafka"  # a source's topic
+    POSTGRES_CDC = "postgres_cdc"  # an upstream Postgres table's chunks and change stream
 
 
 class Fenced(Exception):

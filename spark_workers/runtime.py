@@ -25,6 +25,7 @@ import psycopg2
 from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import SUPERSEDED, Assignment, CollectRequest, ErrorCode
 from spark_workers.actors import ActorFailed, ActorRunner, Fenced
+from spark_workers.cdc_actor import CdcRunner
 from spark_workers.client import ControlPlaneClient, ProtocolError, WorkerGone
 from spark_workers.exports import ExportRunner
 from spark_workers.imports import ImportRunner
@@ -36,6 +37,8 @@ from spark_workers.source_actor import SourceRunner
 from spark_workers.spark_path import SparkPath
 from state_store.options import worker_dsn
 
+Runner = ActorRunner | SourceRunner | CdcRunner
+
 log = logging.getLogger(__name__)
 
 
@@ -43,7 +46,7 @@ log = logging.getLogger(__name__)
 _NOT_THE_JOBS = (psycopg2.OperationalError, psycopg2.InterfaceError, httpx.HTTPError, Fenced)
 
 
-def _cause(runners: Sequence[ActorRunner | SourceRunner], error: Exception) -> Exception:
+def _cause(runners: Sequence[Runner], error: Exception) -> Exception:
     """``error`` as an ``ActorFailed`` when the runners are one job's and the error is
     the job's own."""
     if isinstance(error, (*_NOT_THE_JOBS, ProtocolError, ActorFailed)):
@@ -51,6 +54,16 @@ def _cause(runners: Sequence[ActorRunner | SourceRunner], error: Exception) -> E
     if runners and len({r.job_id for r in runners}) == 1:
         return ActorFailed(runners[0].actor_id, error)
     return error
+
+
+def _close(runner: Runner) -> None:
+    """Let go of what a runner holds outside the store (a CDC table's stream: its slot
+    is then free for the next incarnation)."""
+    if isinstance(runner, CdcRunner):
+        try:
+            runner.close()
+        except Exception as e:  # a broken connection is closed all the same
+            log.warning("closing actor %s: %s", runner.actor_id, e)
 
 
 class Worker:
@@ -71,7 +84,7 @@ class Worker:
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.capacity = capacity
         self.stop_event = threading.Event()
-        self.runners: dict[int, ActorRunner | SourceRunner] = {}
+        self.runners: dict[int, Runner] = {}
         self.conn: Any = None
         self.lease_ms = 10_000
         self.must_register = True
@@ -101,6 +114,8 @@ class Worker:
         if self.conn is not None:
             self.conn.close()
         self.conn = psycopg2.connect(worker_dsn(reg.database_url))
+        for runner in self.runners.values():
+            _close(runner)
         self.runners.clear()
         if self.settings.spark_mode != "never":
             if self.spark is not None and self.spark.dsn != reg.database_url:
@@ -202,7 +217,7 @@ class Worker:
             self.conn.rollback()
         for actor_id, runner in list(self.runners.items()):
             if runner.graph_id == graph_id:
-                del self.runners[actor_id]
+                _close(self.runners.pop(actor_id))
 
     def _stop_reads(self) -> None:
         """End every read under way, unaccounted."""
@@ -211,6 +226,8 @@ class Worker:
 
     def _fail(self, message: str, cause_actor_id: int | None = None, fatal: bool = False) -> None:
         self._stop_reads()
+        for runner in self.runners.values():
+            _close(runner)
         self.runners.clear()
         if self.conn is not None:
             try:
@@ -227,6 +244,8 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stop_reads()
+        for runner in self.runners.values():
+            _close(runner)
         try:
             self.client.deregister()
         except Exception as e:
@@ -307,7 +326,9 @@ class Worker:
                 actor_id,
                 extra={"actor_id": actor_id},
             )
-            self.runners.pop(actor_id, None)
+            runner = self.runners.pop(actor_id, None)
+            if runner is not None:
+                _close(runner)
         return bool(gone)
 
     def recovered_graph(self, incarnations: list[tuple[int, int]]) -> int | None:
@@ -327,17 +348,20 @@ class Worker:
         self.conn.rollback()
         return next((g for g, seq in incarnations if now.get(g) != seq), None)
 
-    def _runner(self, a: Assignment) -> ActorRunner | SourceRunner:
-        """The runner of a job's kind: a source's reads Kafka, the others the state store."""
+    def _runner(self, a: Assignment) -> Runner:
+        """The runner of a job's kind: a source's reads Kafka, a CDC table's an upstream
+        Postgres, the others the state store."""
         if a.job.kind == "source":
             return SourceRunner(a)
+        if a.job.kind == "cdc":
+            return CdcRunner(a, self.conn)
         return ActorRunner(a, pushdown=self.settings.pushdown)
 
     def _barriers(self, assignments: list[Assignment]) -> list[CollectRequest]:
         live = {a.actor_id for a in assignments}
         for actor_id in list(self.runners):
             if actor_id not in live:
-                del self.runners[actor_id]  # stopped, moved or dropped
+                _close(self.runners.pop(actor_id))  # stopped, moved or dropped
         collects = []
         for a in assignments:
             barriers = a.barriers
@@ -354,6 +378,8 @@ class Worker:
                 if a.restore is None:
                     # its state is gone (this worker failed): only a recovery can restart it
                     raise RuntimeError(f"actor {a.actor_id} lost its state; asking for recovery")
+                if runner is not None:
+                    _close(runner)  # its previous incarnation
                 runner = self._runner(a)
                 self.runners[a.actor_id] = runner
             if len(barriers) > 1:
@@ -371,7 +397,7 @@ class Worker:
         return collects
 
     @contextlib.contextmanager
-    def unless_dropped(self, runners: Sequence[ActorRunner | SourceRunner]) -> Iterator[None]:
+    def unless_dropped(self, runners: Sequence[Runner]) -> Iterator[None]:
         """Reads of actors whose job is dropped meanwhile may fail: forget those actors.
         Reads of actors whose graph recovered meanwhile (a Spark task's fence) are
         superseded (``Fenced``), not failed."""

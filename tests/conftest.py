@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -141,3 +142,39 @@ def logical_pg_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     with logical_postgres(tmp_path_factory.mktemp("pglogical")) as url:
         yield url
+
+
+CDC_DEADLINE_S = 30.0
+
+
+@pytest.fixture
+def upstream(logical_pg_url: str) -> Iterator[str]:
+    """A fresh database on the logical server; its slots and itself dropped after."""
+    name = f"cdc_{uuid.uuid4().hex[:12]}"
+    admin = psycopg2.connect(logical_pg_url)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"')
+    base, _, query = logical_pg_url.partition("?")
+    yield f"{base.rsplit('/', 1)[0]}/{name}?{query}"
+    with admin.cursor() as cur:
+        cur.execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots "
+            "WHERE database = %s AND active_pid IS NOT NULL",
+            [name],
+        )
+        deadline = time.monotonic() + CDC_DEADLINE_S
+        while True:
+            cur.execute(
+                "SELECT slot_name, active_pid FROM pg_replication_slots WHERE database = %s",
+                [name],
+            )
+            slots = cur.fetchall()
+            if not slots:
+                break
+            for slot, pid in slots:
+                if pid is None:
+                    cur.execute("SELECT pg_drop_replication_slot(%s)", [slot])
+            assert time.monotonic() < deadline, slots
+        cur.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    admin.close()

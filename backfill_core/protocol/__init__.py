@@ -9,6 +9,7 @@ of its HTTP edge (``service.api.workers``).
 from backfill_core.protocol.assignment import (
     Assignment,
     BarrierMessage,
+    CdcRef,
     JobSpec,
     PollAnswer,
     RestoreState,
@@ -83,6 +84,7 @@ __all__ = [
     "RegisterRequest",
     "Registration",
     "RestoreState",
+    "CdcRef",
     "SourceRef",
     "SplitRestore",
     "TablePlan",

@@ -29,6 +29,40 @@ class SourceRef:
 
 
 @dataclass(frozen=True)
+class CdcRef:
+    """The upstream a CDC table's job mirrors (``kind == "cdc"``): its table of ours is
+    the job's ``mv_table``; its durable progress is in the catalog (``cdc_tables``)."""
+
+    relation_id: int
+    dsn: str  # a secret: the worker connects with it, and never logs it
+    table: str  # schema.table upstream
+    publication: str
+    slot: str
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CdcRef:
+        return cls(
+            int(d["relation_id"]),
+            str(d["dsn"]),
+            str(d["table"]),
+            str(d["publication"]),
+            str(d["slot"]),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "relation_id": self.relation_id,
+            "dsn": self.dsn,
+            "table": self.table,
+            "publication": self.publication,
+            "slot": self.slot,
+        }
+
+    def __repr__(self) -> str:  # never the DSN
+        return f"CdcRef({self.relation_id}, {self.table!r}, {self.publication!r}, {self.slot!r})"
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A job as its actors' workers need it. Schemas stay in their JSON form
     (``backfill_core.schema.TableSchema.from_json``): the control plane copies them from
@@ -36,7 +70,7 @@ class JobSpec:
 
     id: int
     name: str
-    kind: str  # arrangement, chain, snapshot or source
+    kind: str  # arrangement, chain, snapshot, source or cdc
     state: str
     upstream_table: str | None  # storage table of the upstream (None: a source)
     upstream_schema: dict[str, Any] | None  # of the upstream table or the source
@@ -48,10 +82,12 @@ class JobSpec:
     rate_limit: int | None
     paused: bool
     snapshot_epoch: int | None
+    cdc: CdcRef | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> JobSpec:
         src = d.get("source")
+        mirror = d.get("cdc")
         return cls(
             id=int(d["id"]),
             name=str(d["name"]),
@@ -71,6 +107,7 @@ class JobSpec:
             rate_limit=d.get("rate_limit"),
             paused=bool(d.get("paused", False)),
             snapshot_epoch=d.get("snapshot_epoch"),
+            cdc=CdcRef.from_json(mirror) if mirror else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -98,6 +135,7 @@ class JobSpec:
             "rate_limit": self.rate_limit,
             "paused": self.paused,
             "snapshot_epoch": self.snapshot_epoch,
+            "cdc": self.cdc.to_json() if self.cdc is not None else None,
         }
 
 

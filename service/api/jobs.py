@@ -20,7 +20,7 @@ from service.api.rules import ColumnRef, Name, rule_error
 from service.catalog import idempotency
 from service.catalog.models import Job
 from service.context import ServiceContext
-from service.usecases import jobs, steering
+from service.usecases import cdc, jobs, steering
 from service.usecases import verify as verification
 from service.usecases.jobs import MAX_PARALLELISM
 from service.usecases.progress import RECENT_RECOVERIES, Phase, job_progress
@@ -35,6 +35,10 @@ class Upstream(BaseModel):
     model_config = STRICT
     table: str | None = Field(default=None, max_length=63, description="a table or a view")
     source: str | None = Field(default=None, max_length=63, description="a Kafka source")
+    postgres: str | None = Field(
+        default=None,
+        description="a CDC table's job: the upstream Postgres table it mirrors (schema.table)",
+    )
 
     @model_serializer(mode="wrap")
     def _only_the_one_given(self, handler: Any) -> dict[str, str]:
@@ -179,6 +183,24 @@ class FailureRow(BaseModel):
     )
 
 
+class CdcProgressView(BaseModel):
+    """A CDC table's job (``kind: cdc``): its durable progress, as its worker wrote it
+    with the rows (ahead of the committed epoch by at most the open one)."""
+
+    table: str = Field(description="the CDC table")
+    upstream: str = Field(description="schema.table on the upstream")
+    phase: Literal["backfilling", "streaming"]
+    chunks: int = Field(description="primary-key chunks read and merged")
+    rows: int = Field(description="rows the chunks read")
+    lsn: str = Field(description="the upstream LSN the table is exact at", examples=["0/1A2B3C"])
+    confirmed_lsn: str | None = Field(
+        description="what the slot confirmed: the LSN of the committed epoch"
+    )
+    slot_lag_bytes: int | None = Field(
+        description="WAL the upstream keeps for the slot (its current LSN - confirmed)"
+    )
+
+
 class Progress(BaseModel):
     id: int
     state: str
@@ -212,6 +234,9 @@ class Progress(BaseModel):
     error: str | None = Field(
         default=None, description="a failed job's: the cause, the actor and the epoch"
     )
+    cdc: CdcProgressView | None = Field(
+        default=None, description="a CDC table's job: its chunks, LSN and slot"
+    )
     failures: list[FailureRow] = Field(
         default_factory=list,
         description="the job's failed attempts since it was created or retried, oldest first",
@@ -229,6 +254,14 @@ class Verification(BaseModel):
     unexpected: list[dict[str, Any]] = Field(description="a sample of the rows it should not have")
 
 
+def _upstream(ctx: ServiceContext, job: Job, names: jobs.JobNames) -> Upstream:
+    if names.upstream_table or names.upstream_source:
+        return Upstream(table=names.upstream_table, source=names.upstream_source)
+    if job.kind == "cdc" and (mirror := cdc.progress_of_job(ctx.db, job.id)) is not None:
+        return Upstream(postgres=mirror.upstream)
+    return Upstream(table="")
+
+
 def _view(ctx: ServiceContext, job: Job, facts: jobs.JobFacts | None = None) -> JobView:
     if facts is None:
         facts = jobs.facts_of(ctx.db, [job])[job.id]
@@ -236,9 +269,7 @@ def _view(ctx: ServiceContext, job: Job, facts: jobs.JobFacts | None = None) -> 
     return JobView(
         id=job.id,
         name=job.name,
-        upstream=Upstream(table=names.upstream_table, source=names.upstream_source)
-        if names.upstream_table or names.upstream_source
-        else Upstream(table=""),
+        upstream=_upstream(ctx, job, names),
         kind=job.kind,
         state=job.state,  # type: ignore[arg-type]
         paused=job.paused,
@@ -377,8 +408,25 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
             )
             for f in p.failures
         ],
+        cdc=_cdc_progress(ctx, job_id),
     )
     return conditional(request, body)
+
+
+def _cdc_progress(ctx: ServiceContext, job_id: int) -> CdcProgressView | None:
+    row = cdc.progress_of_job(ctx.db, job_id)
+    if row is None:
+        return None
+    return CdcProgressView(
+        table=row.table_name,
+        upstream=row.upstream,
+        phase="streaming" if row.state == "finished" else "backfilling",
+        chunks=row.chunks,
+        rows=row.row_count,
+        lsn=row.lsn,
+        confirmed_lsn=row.confirmed_lsn,
+        slot_lag_bytes=row.slot_lag_bytes,
+    )
 
 
 @router.post("/{job_id}/pause", response_model=JobView, operation_id="pauseJob")

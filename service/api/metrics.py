@@ -28,7 +28,8 @@ _JOBS = text(
            coalesce(p.total_estimate, greatest(coalesce(c.reltuples, 0), 0)),
            (SELECT count(*) FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL),
            {WAITING_FOR_WORKER_SQL},
-           (SELECT coalesce(sum(x.skipped), 0) FROM split_progress x WHERE x.job_id = j.id)
+           (SELECT coalesce(sum(x.skipped), 0) FROM split_progress x WHERE x.job_id = j.id),
+           (SELECT t.slot_lag_bytes FROM cdc_tables t WHERE t.job_id = j.id)
     FROM jobs j
     LEFT JOIN job_progress p ON p.job_id = j.id
     LEFT JOIN relations r ON r.id = j.upstream_relation_id
@@ -74,12 +75,19 @@ class JobCollector:
             "Source messages that are not rows, skipped (on_error: skip), as committed",
             labels=labels,
         )
+        slot_lag = GaugeMetricFamily(
+            "backfill_cdc_slot_lag_bytes",
+            "WAL the upstream keeps for a CDC table's slot (its current LSN - confirmed)",
+            labels=labels,
+        )
         workers = GaugeMetricFamily(
             "backfill_workers", "Registered workers by liveness", labels=["state"]
         )
         with self.db.engine.connect() as conn:
             for row in conn.execute(_JOBS):
-                jid, name, kind, st, is_paused, consumed, rps, total, live, no_worker, bad = row
+                jid, name, kind, st, is_paused, consumed, rps, total, live, no_worker, bad, lag = (
+                    row
+                )
                 lv = [str(jid), name, kind]
                 percent, left = completion(consumed, max(total, consumed), rps, st == "created")
                 rows.add_metric(lv, consumed)
@@ -92,10 +100,12 @@ class JobCollector:
                 state.add_metric([*lv, st], 1)
                 if kind == "source":
                     skipped.add_metric(lv, bad)
+                if lag is not None:
+                    slot_lag.add_metric(lv, lag)
             alive, registered = conn.execute(_WORKERS).one()
         workers.add_metric(["alive"], alive)
         workers.add_metric(["not_alive"], registered - alive)
-        yield from (rows, progress, eta, paused, actors, waiting, state, skipped, workers)
+        yield from (rows, progress, eta, paused, actors, waiting, state, skipped, slot_lag, workers)
 
 
 @router.get(

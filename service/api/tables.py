@@ -6,7 +6,7 @@ import datetime as dt
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from backfill_core.schema import MAX_VNODE_COUNT, Column, SchemaError, TableSchema, parse_type
 from service.api.bodies import parse_body
@@ -22,7 +22,7 @@ from service.catalog.models import Relation
 from service.context import ServiceContext
 from service.errors import Invalid
 from service.heap import collector_paused
-from service.usecases import tables
+from service.usecases import cdc, tables
 
 router = APIRouter(prefix="/v1/tables", tags=["tables"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
@@ -47,27 +47,106 @@ class ColumnView(BaseModel):
     nullable: bool
 
 
-class TableCreate(RequestBody):
-    model_config = ConfigDict(
-        json_schema_extra={
-            "examples": [
-                {
-                    "name": "orders",
-                    "columns": [
-                        {"name": "id", "type": "bigint", "nullable": False},
-                        {"name": "customer", "type": "text"},
-                        {"name": "amount", "type": "numeric"},
-                    ],
-                    "primary_key": ["id"],
-                }
-            ]
-        }
+class PostgresUpstream(BaseModel):
+    model_config = STRICT
+    dsn: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="libpq connection string or URI of the upstream (a secret: stored, "
+        "given to the table's worker, never shown)",
+        examples=["postgresql://replicator:secret@db.internal:5432/shop"],
     )
+    table: str = Field(min_length=1, max_length=130, examples=["public.orders"])
+    publication: Name | None = Field(
+        default=None, description="an existing publication of the table (default: one made)"
+    )
+    slot: Name | None = Field(
+        default=None, description="an existing pgoutput slot (default: one made)"
+    )
+
+
+class PostgresView(BaseModel):
+    host: str = Field(description="the upstream's host:port/database (never the DSN)")
+    table: str
+    publication: str
+    slot: str
+    job_id: int | None = Field(description="the job that mirrors it")
+
+
+_TABLE_EXAMPLES = [
+    {
+        "name": "orders",
+        "columns": [
+            {"name": "id", "type": "bigint", "nullable": False},
+            {"name": "customer", "type": "text"},
+            {"name": "amount", "type": "numeric"},
+        ],
+        "primary_key": ["id"],
+    },
+    {
+        "name": "orders",
+        "postgres": {
+            "dsn": "postgresql://replicator:secret@db.internal:5432/shop",
+            "table": "public.orders",
+        },
+    },
+]
+
+
+def _columns_or_postgres(schema: dict[str, Any]) -> None:
+    """The document's TableCreate: `columns` and `primary_key`, or `postgres` (a CDC
+    table), never both (the validator's rule, stated for clients). The three may be
+    left out, not null."""
+    schema["examples"] = _TABLE_EXAMPLES
+    props = schema["properties"]
+    for key in ("columns", "primary_key", "postgres"):
+        prop = props[key]
+        props[key] = {
+            **prop["anyOf"][0],
+            **{k: v for k, v in prop.items() if k in ("description", "title")},
+        }
+    schema["oneOf"] = [
+        {"required": ["columns", "primary_key"], "not": {"required": ["postgres"]}},
+        {
+            "required": ["postgres"],
+            "not": {
+                "anyOf": [
+                    {"required": ["columns"]},
+                    {"required": ["primary_key"]},
+                    {"required": ["distribution_key"]},
+                ]
+            },
+        },
+    ]
+
+
+class TableCreate(RequestBody):
+    model_config = ConfigDict(json_schema_extra=_columns_or_postgres)
     name: Name = Field(examples=["orders"])
-    columns: list[ColumnSpec] = Field(min_length=1, max_length=1000)
-    primary_key: list[Name] = Field(min_length=1, max_length=32)
+    columns: list[ColumnSpec] | None = Field(default=None, min_length=1, max_length=1000)
+    primary_key: list[Name] | None = Field(default=None, min_length=1, max_length=32)
     distribution_key: list[Name] | None = Field(default=None, min_length=1, max_length=32)
     vnode_count: integer(1, MAX_VNODE_COUNT) | None = None
+    postgres: PostgresUpstream | None = Field(
+        default=None,
+        description="a CDC table: its columns and primary key come from this upstream "
+        "table, and its rows mirror it (docs/api.md#cdc-tables); instead of "
+        "`columns` and `primary_key`",
+    )
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> TableCreate:
+        if self.postgres is not None:
+            if self.columns is not None or self.primary_key is not None:
+                raise ValueError(
+                    "give either `postgres` (a CDC table: its schema comes from the upstream) "
+                    "or `columns` and `primary_key`, not both"
+                )
+            if self.distribution_key is not None:
+                raise ValueError("a CDC table is distributed by its primary key")
+        elif self.columns is None or self.primary_key is None:
+            raise ValueError("give `columns` and `primary_key` (or `postgres` for a CDC table)")
+        return self
 
 
 class TableView(BaseModel):
@@ -83,6 +162,9 @@ class TableView(BaseModel):
         examples=["mv.orders"],
     )
     created_at: dt.datetime
+    postgres: PostgresView | None = Field(
+        default=None, description="the upstream of a CDC table (null for other tables)"
+    )
 
 
 class TableList(BaseModel):
@@ -127,7 +209,7 @@ class RowsPage(BaseModel):
     )
 
 
-def _view(rel: Relation) -> TableView:
+def _view(rel: Relation, mirror: cdc.CdcInfo | None = None) -> TableView:
     s = rel.schema
     return TableView(
         name=rel.name,
@@ -138,10 +220,25 @@ def _view(rel: Relation) -> TableView:
         vnode_count=s["vnode_count"],
         sql_name=reader_views.sql_name(rel),
         created_at=rel.created_at,
+        postgres=None
+        if mirror is None
+        else PostgresView(
+            host=mirror.host,
+            table=mirror.table,
+            publication=mirror.publication,
+            slot=mirror.slot,
+            job_id=mirror.job_id,
+        ),
     )
 
 
+def _views(ctx: ServiceContext, rels: list[Relation]) -> list[TableView]:
+    mirrors = cdc.cdc_of(ctx.db, [r.id for r in rels])
+    return [_view(r, mirrors.get(r.id)) for r in rels]
+
+
 def _schema(body: TableCreate, default_vnodes: int) -> TableSchema:
+    assert body.columns is not None and body.primary_key is not None
     try:
         cols = []
         for i, c in enumerate(body.columns):
@@ -158,6 +255,17 @@ def _schema(body: TableCreate, default_vnodes: int) -> TableSchema:
 
 @router.post("", status_code=201, response_model=TableView, operation_id="createTable")
 def create_table(body: TableCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Response:
+    pg = body.postgres
+    if pg is not None:
+        spec = cdc.CdcSpec(pg.dsn, pg.table, pg.publication, pg.slot)
+        vnodes = body.vnode_count or ctx.settings.default_vnode_count
+        return idempotent(
+            ctx,
+            keyed,
+            create=lambda claim: cdc.create_cdc_table(ctx.db, body.name, spec, vnodes, claim),
+            respond=lambda rel: (201, _views(ctx, [rel])[0]),
+            reload=lambda ref: tables.get_table(ctx.db, ref["table"]),
+        )
     schema = _schema(body, ctx.settings.default_vnode_count)
     return idempotent(
         ctx,
@@ -170,12 +278,12 @@ def create_table(body: TableCreate, ctx: Ctx, keyed: IdempotencyHeader) -> Respo
 
 @router.get("", response_model=TableList, operation_id="listTables")
 def list_tables(ctx: Ctx) -> TableList:
-    return TableList(tables=[_view(r) for r in tables.list_tables(ctx.db)])
+    return TableList(tables=_views(ctx, tables.list_tables(ctx.db)))
 
 
 @router.get("/{name}", response_model=TableView, operation_id="getTable")
 def get_table(name: str, ctx: Ctx) -> TableView:
-    return _view(tables.get_table(ctx.db, name))
+    return _views(ctx, [tables.get_table(ctx.db, name)])[0]
 
 
 @router.delete("/{name}", status_code=204, response_class=Response, operation_id="dropTable")

@@ -74,6 +74,51 @@ class RowCountDelta(Base):
     delta: Mapped[int] = mapped_column(BigInteger)
 
 
+class CdcTable(Base):
+    """A table mirrored from an upstream Postgres table (``service/usecases/cdc.py``):
+    its upstream (``dsn`` is a secret, never shown: ``upstream_host`` is), publication
+    and slot (``created_*``: the service made them and drops them with the table), its
+    job, and the CDC backfill's durable progress, written by its worker in the same
+    transaction as the rows (``spark_workers.cdc_actor``)."""
+
+    __tablename__ = "cdc_tables"
+    relation_id: Mapped[int] = mapped_column(
+        ForeignKey("relations.id", ondelete="CASCADE"), primary_key=True
+    )
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    dsn: Mapped[str] = mapped_column(Text)
+    upstream: Mapped[str] = mapped_column(Text)  # schema.table
+    upstream_host: Mapped[str] = mapped_column(Text)  # host:port/db, for people
+    publication: Mapped[str] = mapped_column(Text)
+    slot: Mapped[str] = mapped_column(Text)
+    created_publication: Mapped[bool] = mapped_column(Boolean)
+    created_slot: Mapped[bool] = mapped_column(Boolean)
+    start_lsn: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(Text, server_default="backfilling")
+    current_pos: Mapped[list[Any] | None]
+    lsn: Mapped[int] = mapped_column(BigInteger)
+    row_count: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    chunks: Mapped[int] = mapped_column(Integer, server_default="0")
+    slot_lag_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    confirmed_lsn: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[dt.datetime] = _now()
+
+
+class CdcEpoch(Base):
+    """The upstream LSN a CDC table is exact at once ``epoch`` is committed (a row per
+    epoch it was written at; the slot confirms the one of the committed epoch)."""
+
+    __tablename__ = "cdc_epochs"
+    relation_id: Mapped[int] = mapped_column(
+        ForeignKey("cdc_tables.relation_id", ondelete="CASCADE"), primary_key=True
+    )
+    epoch: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    lsn: Mapped[int] = mapped_column(BigInteger)
+    # the backfill's state and position then: the table holds the upstream's keys up to it
+    state: Mapped[str] = mapped_column(Text)
+    current_pos: Mapped[list[Any] | None]
+
+
 class Source(Base):
     __tablename__ = "sources"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -128,7 +173,7 @@ class Job(Base):
     __tablename__ = "jobs"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(Text, unique=True)
-    kind: Mapped[str] = mapped_column(Text)  # arrangement | chain | snapshot | source
+    kind: Mapped[str] = mapped_column(Text)  # arrangement | chain | snapshot | source | cdc
     state: Mapped[str] = mapped_column(Text, default="creating")
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     rate_limit: Mapped[int | None] = mapped_column(Integer)

@@ -410,7 +410,7 @@ function renderJob(job, progress) {
   fillDetails($("job-details"), [
     ["id", job.id],
     ["kind", job.kind],
-    ["upstream", job.upstream.table],
+    ["upstream", job.upstream.table || job.upstream.source || (job.upstream.postgres && `Postgres ${job.upstream.postgres}`)],
     ["view table", job.mv_table],
     ["parallelism", job.parallelism],
     ["rate limit", job.rate_limit === null ? "none" : `${fmtInt(job.rate_limit)} rows/s per actor`],
@@ -423,7 +423,13 @@ function renderJob(job, progress) {
   ]);
 
   // fields newer services add; shown when present
+  const cdc = progress.cdc || null; // a CDC table's job: its chunks, LSN and slot
   fillDetails($("server-rate"), [
+    ["CDC phase", cdc ? cdc.phase : undefined],
+    ["chunks", cdc ? `${fmtInt(cdc.chunks)} (${fmtInt(cdc.rows)} rows)` : undefined],
+    ["exact at LSN", cdc ? cdc.lsn : undefined],
+    ["slot confirmed", cdc && cdc.confirmed_lsn ? cdc.confirmed_lsn : undefined],
+    ["slot lag", cdc && cdc.slot_lag_bytes !== null ? `${fmtInt(cdc.slot_lag_bytes)} bytes` : undefined],
     ["server rows/s", "rows_per_s" in progress ? fmtInt(progress.rows_per_s) : undefined],
     ["ETA", "eta_s" in progress ? fmtSeconds(progress.eta_s) : undefined],
     [

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backfill_core.epoch import Epoch
 from service.catalog.models import MAIN_GRAPH_ID, Graph
-from service.db import Database
+from service.db import Database, raw_cursor
+from state_store import dml
 
 
 def next_epoch(current: int, now_unix_ms: int) -> int:
@@ -19,20 +20,9 @@ def next_epoch(current: int, now_unix_ms: int) -> int:
 
 
 def open_dml_epoch(session: Session, now_unix_ms: int) -> int:
-    """The main graph's open epoch, held ``FOR SHARE`` until the caller commits.
-
-    The barrier that closes this epoch locks the row for update, so it is injected only
-    after every DML transaction writing into the epoch has finished.
-    """
-    # before the first barrier ever, the first DML opens the first epoch
-    session.execute(
-        update(Graph)
-        .where(Graph.id == MAIN_GRAPH_ID, Graph.current_epoch == 0)
-        .values(current_epoch=next_epoch(0, now_unix_ms))
-    )
-    return session.execute(
-        select(Graph.current_epoch).where(Graph.id == MAIN_GRAPH_ID).with_for_update(read=True)
-    ).scalar_one()
+    """The main graph's open epoch, held ``FOR SHARE`` until the caller commits
+    (``state_store.dml.open_dml_epoch``: the CDC tables' workers take it too)."""
+    return dml.open_dml_epoch(raw_cursor(session), now_unix_ms, MAIN_GRAPH_ID)
 
 
 def wait_committed(db: Database, graph_id: int, epoch: int, timeout_s: float) -> bool:

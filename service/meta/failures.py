@@ -178,7 +178,8 @@ def retry(s: Session, job: Job) -> None:
     restart = update(Actor).where(Actor.id.in_(stopped))
     if graph.kind == "main":
         mv = s.get(Relation, job.mv_relation_id)
-        if mv is not None:
+        # a CDC table's rows agree with its durable progress: its actor goes on from there
+        if mv is not None and job.kind != "cdc":
             storage_of(mv).delete_vnodes(raw_cursor(s), 0, int(mv.schema["vnode_count"]))
         s.execute(delete(VnodeProgress).where(VnodeProgress.job_id == job.id))
         s.execute(delete(SplitProgress).where(SplitProgress.job_id == job.id))

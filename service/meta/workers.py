@@ -15,6 +15,7 @@ from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import (
     Assignment,
     BarrierMessage,
+    CdcRef,
     CollectRequest,
     ErrorCode,
     FailureReport,
@@ -143,6 +144,9 @@ def _job_spec(row: Any, srcs: dict[int, Source]) -> JobSpec:
         rate_limit=row.rate_limit,
         paused=row.paused,
         snapshot_epoch=row.snapshot_epoch,
+        cdc=CdcRef(row.cdc_rel, row.cdc_dsn, row.cdc_table, row.cdc_pub, row.cdc_slot)
+        if row.cdc_rel is not None
+        else None,
     )
 
 
@@ -181,22 +185,26 @@ _ACTORS_OF = text(
       j.state AS job_state, j.columns, j.filter, j.rate_limit, j.paused, j.snapshot_epoch,
       j.upstream_relation_id, j.upstream_source_id,
       up.storage_table AS up_table, up.schema AS up_schema,
-      mv.storage_table AS mv_table, mv.schema AS mv_schema
+      mv.storage_table AS mv_table, mv.schema AS mv_schema,
+      c.relation_id AS cdc_rel, c.dsn AS cdc_dsn, c.upstream AS cdc_table,
+      c.publication AS cdc_pub, c.slot AS cdc_slot
     FROM actors a
     JOIN graphs g ON g.id = a.graph_id
     JOIN jobs j ON j.id = a.job_id
     LEFT JOIN relations up ON up.id = j.upstream_relation_id
     LEFT JOIN relations mv ON mv.id = j.mv_relation_id
+    LEFT JOIN cdc_tables c ON c.job_id = j.id
     WHERE a.worker_id = :w AND a.first_epoch IS NOT NULL
     ORDER BY a.id
     """
 )
 
-# The live actors of the jobs writing the given relations (MVs read by other jobs)
+# The live actors of the jobs writing the given relations (MVs read by other jobs); a
+# CDC table's actor writes like DML, between barriers, so its readers wait for nothing
 _PRODUCERS = text(
     """
     SELECT j.mv_relation_id, a.id FROM jobs j JOIN actors a ON a.job_id = j.id
-    WHERE j.mv_relation_id = ANY(:rels) AND a.last_epoch IS NULL
+    WHERE j.mv_relation_id = ANY(:rels) AND a.last_epoch IS NULL AND j.kind <> 'cdc'
     ORDER BY a.id
     """
 )

@@ -53,6 +53,17 @@ def _live_actors(s: Session, job_id: int) -> list[int]:
     )
 
 
+def _not_cdc(s: Session, job: Job, what: str) -> None:
+    """A CDC table's job goes with its table, and has one actor."""
+    if job.kind == "cdc":
+        table = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
+        raise Conflict(
+            f"job {job.id} mirrors table {table.name if table else '?'!r} and cannot be {what}",
+            {"kind": job.kind, "table": table.name if table else None},
+            code="job_is_cdc",
+        )
+
+
 def set_paused(db: Database, job_id: int, paused: bool) -> Job:
     with db.transaction() as s:
         job = load_job(s, job_id, lock=True)
@@ -83,6 +94,7 @@ def update_job(
             enqueue_mutation(s, job.graph_id, {"throttle": {str(a): rate_limit for a in actors}})
             events.record(s, "throttled", job.id, rate_limit=rate_limit)
         if parallelism is not None and parallelism != job.parallelism:
+            _not_cdc(s, job, "rescaled: a replication slot is one stream, read by one actor")
             splits: list[str] | None = None
             if job.upstream_source_id is not None:
                 # every split the job's actors own now (partitions added since included)
@@ -135,6 +147,7 @@ def drop_job(db: Database, job_id: int) -> None:
     """Cancel a creating job or drop a created one: the MV and all its state go away."""
     with db.transaction() as s:
         job = load_job(s, job_id, lock=True)
+        _not_cdc(s, job, "dropped: drop its table (DELETE /v1/tables/{name})")
         mv = s.get(Relation, job.mv_relation_id) if job.mv_relation_id else None
         if mv is not None:
             readers = list(

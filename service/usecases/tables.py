@@ -22,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from backfill_core.changes import Row, Version
 from backfill_core.schema import ColumnType, SchemaError, TableSchema, validate_identifier
 from service.catalog import idempotency, reader_views
-from service.catalog.models import MAIN_GRAPH_ID, Job, Relation
+from service.catalog.models import MAIN_GRAPH_ID, CdcTable, Job, Relation
 from service.catalog.queries import (
     ACTIVE_JOB_STATES,
     add_row_count_delta,
@@ -95,6 +95,10 @@ def get_table(db: Database, name: str) -> Relation:
 
 
 def drop_table(db: Database, name: str) -> None:
+    from service.usecases.cdc import drop_cdc_table  # it builds on this module's peers
+
+    if drop_cdc_table(db, name):
+        return
     with db.transaction() as s:
         rel = get_relation(s, name, lock=True)
         if rel.kind != "table":
@@ -303,6 +307,12 @@ class _DmlWriter:
         self.rel = get_relation(s, name, lock=True)  # DML on one table is serialized; drop waits
         if self.rel.kind != "table":
             raise Conflict(f"{name!r} is a materialized view and is read-only", {"name": name})
+        if s.get(CdcTable, self.rel.id) is not None:
+            raise Conflict(
+                f"{name!r} mirrors an upstream Postgres table: its rows change only there",
+                {"name": name},
+                code="table_is_mirrored",
+            )
         self.schema = TableSchema.from_json(self.rel.schema)
         self.names = self.schema.names
         self.epoch = open_dml_epoch(s, clock())

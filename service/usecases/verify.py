@@ -14,7 +14,7 @@ from connectors.kafka import KafkaClient, KafkaSpec, KafkaUnavailable, decode_me
 from service.catalog.models import Relation, Source
 from service.catalog.queries import committed_epoch, load_job, storage_of
 from service.db import Database, raw_cursor
-from service.errors import Unavailable
+from service.errors import Conflict, Unavailable
 from service.meta.sources import offsets_at
 from service.usecases.tables import readable_epoch
 
@@ -36,7 +36,15 @@ class Verification:
 def verify(db: Database, job_id: int, epoch: int | None, sample: int = 10) -> Verification:
     """Compare the MV at a committed epoch with the view of the upstream at that epoch."""
     with db.transaction() as s:
-        if load_job(s, job_id).upstream_source_id is not None:
+        job = load_job(s, job_id)
+        if job.kind == "cdc":
+            raise Conflict(
+                f"job {job_id} mirrors an upstream Postgres table: there is no upstream of "
+                "ours to verify its table against",
+                {"kind": job.kind},
+                code="job_is_cdc",
+            )
+        if job.upstream_source_id is not None:
             return _verify_source(db, job_id, epoch, sample)
     with db.snapshot() as s:  # GC may not move under the reads
         job = load_job(s, job_id)

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from spark_workers.actors import ReadsFrom
+from spark_workers.reads.cdc import CdcReads
 from spark_workers.reads.driver import DriverReads
 from spark_workers.reads.interface import CHUNK_ROWS
 from spark_workers.reads.kafka import KafkaReads
@@ -29,12 +30,14 @@ class Strategies:
         self.kafka_spark = KafkaReads(ctx, on_spark=True)
         self.driver = DriverReads(ctx)
         self.kafka_driver = KafkaReads(ctx, on_spark=False)
+        self.cdc = CdcReads(ctx)
         self.all: tuple[ReadStrategy, ...] = (
             self.spanning,
             self.spark_epoch,
             self.kafka_spark,
             self.driver,
             self.kafka_driver,
+            self.cdc,
         )
 
     def spark_sized(self) -> list[Runner]:
@@ -49,7 +52,8 @@ class Strategies:
         eligible = [
             r
             for r in ctx.runners.values()
-            if self.has_reads(r)
+            if r.reads_from is not ReadsFrom.POSTGRES_CDC  # one stream, on the driver
+            and self.has_reads(r)
             and (r.executor.budget is None or r.executor.budget >= s.spark_min_rows)
         ]
         if s.spark_mode == "always":
@@ -62,6 +66,8 @@ class Strategies:
     def strategy_for(self, runner: Runner, *, spark_sized: bool) -> ReadStrategy:
         """The strategy that reads for ``runner`` in this round of reads (``spark_sized``:
         one of ``spark_sized()``, after ``spanning.start`` had its chance)."""
+        if runner.reads_from is ReadsFrom.POSTGRES_CDC:
+            return self.cdc
         if self.spanning.wants(runner):
             return self.spanning  # its reads run in the job spanning epochs
         # a job spanning epochs holds Spark's cores until it is over: a job of one epoch

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from backfill_core.protocol import Assignment
     from spark_workers.actors import ActorRunner
+    from spark_workers.cdc_actor import CdcRunner
     from spark_workers.settings import WorkerSettings
     from spark_workers.source_actor import SourceRunner
     from spark_workers.spark_path import SparkPath
 
-    Runner = ActorRunner | SourceRunner
+    Runner = ActorRunner | SourceRunner | CdcRunner
 
 # the rows of one read on the driver: small enough that a barrier waits little for it
 CHUNK_ROWS = 5_000

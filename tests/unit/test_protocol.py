@@ -6,6 +6,7 @@ from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import (
     Assignment,
     BarrierMessage,
+    CdcRef,
     ErrorBody,
     ErrorCode,
     JobSpec,
@@ -61,7 +62,18 @@ def test_an_assignment_round_trips_through_json() -> None:
         barriers=[],
         restore=RestoreState(splits=(SplitRestore("0", "done", 99, 100, 99),), finished=True),
     )
-    for a in (table, source, Assignment(**(table.__dict__ | {"restore": None}))):
+    mirror = Assignment(
+        **(
+            table.__dict__
+            | {
+                "job": _job(
+                    kind="cdc", cdc=CdcRef(5, "postgresql://u:pw@h/db", "public.t", "p", "s")
+                )
+            }
+        )
+    )
+    assert "pw" not in repr(mirror.job.cdc)  # the DSN is a secret: never in a log line
+    for a in (table, source, mirror, Assignment(**(table.__dict__ | {"restore": None}))):
         assert Assignment.from_json(a.to_json()) == a
 
 

@@ -13,6 +13,7 @@ from backfill_core.executors.messages import BarrierKind
 from backfill_core.protocol import (
     Assignment,
     BarrierMessage,
+    CdcRef,
     CollectAnswer,
     CollectBatch,
     CollectBatchAnswer,
@@ -95,7 +96,7 @@ jobs = st.builds(
     JobSpec,
     small,
     names,
-    st.sampled_from(["arrangement", "chain", "snapshot", "source"]),
+    st.sampled_from(["arrangement", "chain", "snapshot", "source", "cdc"]),
     names,
     st.none() | names,
     st.just(SCHEMA_JSON),
@@ -107,6 +108,7 @@ jobs = st.builds(
     st.none() | small,
     st.booleans(),
     opt_ints,
+    st.none() | st.builds(CdcRef, small, names, names, names, names),
 )
 assignments = st.builds(
     Assignment,
