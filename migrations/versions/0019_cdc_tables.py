@@ -7,7 +7,7 @@ transaction as the rows it writes. ``cdc_epochs``: the upstream LSN our table is
 at, per epoch it was written at (the slot confirms the one of the committed epoch).
 
 Revision ID: 0019
-Revises: 0017 (0018 is another branch's; fixed at merge)
+Revises: 0018
 """
 
 import sqlalchemy as sa
