@@ -126,7 +126,11 @@ def test_dashboard_shows_and_steers_a_running_job(
     expect(rate).to_have_value("500")
     rate.fill("100")
     page.get_by_role("button", name="Apply").click()
-    wait_for(lambda: job(http, job_id)["rate_limit"] == 100, timeout=30, what="rate limit 100")
+    try:
+        wait_for(lambda: job(http, job_id)["rate_limit"] == 100, timeout=60, what="rate limit 100")
+    except AssertionError as e:  # once seen in a full run: say what the page showed
+        alert = page.get_by_role("alert")
+        raise AssertionError(f"{e}; the page's alert: {alert.text_content()!r}") from e
     expect(page.locator("#job-details")).to_contain_text("100 rows/s per actor")
 
     # an API error is shown, and changes nothing
