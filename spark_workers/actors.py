@@ -218,6 +218,9 @@ class ActorRunner:
     def prefetch(self, messages: list[BarrierMessage]) -> None:
         """Nothing to read ahead: a barrier's changes are one range of the change log."""
 
+    def close(self) -> None:
+        """Nothing held outside the store's connection, which is the worker's."""
+
     def on_barrier(self, conn: Any, message: BarrierMessage) -> CollectRequest:
         """Complete the closing epoch (write its changes) and return the collect."""
         barrier = message.barrier

@@ -58,12 +58,11 @@ def _cause(runners: Sequence[Runner], error: Exception) -> Exception:
 
 def _close(runner: Runner) -> None:
     """Let go of what a runner holds outside the store (a CDC table's stream: its slot
-    is then free for the next incarnation)."""
-    if isinstance(runner, CdcRunner):
-        try:
-            runner.close()
-        except Exception as e:  # a broken connection is closed all the same
-            log.warning("closing actor %s: %s", runner.actor_id, e)
+    is then free for the next incarnation; a source's Kafka consumer)."""
+    try:
+        runner.close()
+    except Exception as e:  # a broken connection is closed all the same
+        log.warning("closing actor %s: %s", runner.actor_id, e)
 
 
 class Worker:
