@@ -113,9 +113,7 @@ class Worker:
         if self.conn is not None:
             self.conn.close()
         self.conn = psycopg2.connect(worker_dsn(reg.database_url))
-        for runner in self.runners.values():
-            _close(runner)
-        self.runners.clear()
+        self._forget_runners()
         if self.settings.spark_mode != "never":
             if self.spark is not None and self.spark.dsn != reg.database_url:
                 self.spark.stop()
@@ -223,11 +221,15 @@ class Worker:
         for strategy in self.reads.all:
             strategy.stop(account=False)
 
-    def _fail(self, message: str, cause_actor_id: int | None = None, fatal: bool = False) -> None:
-        self._stop_reads()
+    def _forget_runners(self) -> None:
+        """Close and forget every runner (a new registration, a failure, the stop)."""
         for runner in self.runners.values():
             _close(runner)
         self.runners.clear()
+
+    def _fail(self, message: str, cause_actor_id: int | None = None, fatal: bool = False) -> None:
+        self._stop_reads()
+        self._forget_runners()
         if self.conn is not None:
             try:
                 self.conn.rollback()
@@ -243,8 +245,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stop_reads()
-        for runner in self.runners.values():
-            _close(runner)
+        self._forget_runners()
         try:
             self.client.deregister()
         except Exception as e:
