@@ -510,3 +510,64 @@ def test_upstream_trouble_fails_the_actor_with_its_code(
     finally:
         runner.close()
         conn.close()
+
+
+def test_pause_resume_and_throttle_steer_the_chunk_reads(
+    manual: tuple[TestClient, MetaLoop],
+    db: Database,
+    upstream: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pause, resume and a rate limit reach the CDC actor as for every kind (a flow
+    mutation at a barrier): paused, it reads no chunk; throttled, no epoch's chunks
+    read more rows than the limit allows; resumed, the backfill ends."""
+    monkeypatch.setattr(cdc_actor, "CHUNK_ROWS", 10)
+    api, loop = manual
+    run(upstream, "CREATE TABLE t (id int PRIMARY KEY, v int)")
+    run(upstream, "INSERT INTO t SELECT i, 0 FROM generate_series(1, 200) i")
+    worker = FakeWorker(api).register()
+    r = api.post("/v1/tables", json={"name": "t", "postgres": {"dsn": upstream, "table": "t"}})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["postgres"]["job_id"]
+    conn = psycopg2.connect(db.libpq_url)
+    loop.tick()
+    [a] = worker.poll()
+    runner = CdcRunner(Assignment.from_json(a), conn)
+
+    def epoch_rounds(n: int) -> list[int]:
+        """Rows read by chunks in each of ``n`` epochs (a barrier, then reads)."""
+        read = []
+        for _ in range(n):
+            before = runner.executor.row_count
+            loop.tick()
+            _collect_all(worker, runner, conn)
+            for _ in range(3):
+                runner.step(conn)
+            read.append(runner.executor.row_count - before)
+        return read
+
+    try:
+        assert api.post(f"/v1/jobs/{job_id}/pause").status_code == 200
+        paused = epoch_rounds(4)
+        assert runner.executor.paused and paused[1:] == [0, 0, 0], paused
+        r = api.patch(f"/v1/jobs/{job_id}", json={"rate_limit": 5})
+        assert r.status_code == 200, r.text
+        assert api.post(f"/v1/jobs/{job_id}/resume").status_code == 200
+        throttled = epoch_rounds(6)
+        assert runner.executor.rate_limit == 5 and not runner.executor.paused
+        assert sum(throttled) > 0, throttled
+        # a budget of rate x elapsed per epoch (the loop's ticks are ms apart); unthrottled,
+        # an epoch's three rounds read three chunks of 10
+        assert all(n <= 10 for n in throttled), throttled
+        r = api.patch(f"/v1/jobs/{job_id}", json={"rate_limit": None})
+        assert r.status_code == 200, r.text
+        deadline = time.monotonic() + DEADLINE_S
+        while not runner.executor.finished:
+            assert time.monotonic() < deadline, "the backfill did not end once resumed"
+            epoch_rounds(1)
+        assert runner.executor.row_count == 200
+        job = api.get(f"/v1/jobs/{job_id}").json()
+        assert job["paused"] is False and job["rate_limit"] is None, job
+    finally:
+        runner.close()
+        conn.close()
