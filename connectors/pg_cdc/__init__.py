@@ -44,6 +44,7 @@ from .upstream import (
     introspect,
     parse_lsn,
     reachable,
+    row_estimate,
     slot_state,
     upstream_call,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "parse_lsn",
     "parse_text",
     "reachable",
+    "row_estimate",
     "read_chunk",
     "slot_state",
     "upstream_call",

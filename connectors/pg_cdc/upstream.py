@@ -388,6 +388,19 @@ FROM pg_replication_slots s WHERE s.slot_name = %s
 
 
 @upstream_call
+def row_estimate(conn: PgConnection, table: UpstreamTable) -> int:
+    """The table's rows as the upstream's statistics tell, for a CDC backfill's progress
+    total; counted when the table was never analyzed (then it is likely small)."""
+    (estimate,) = _one(conn, "SELECT reltuples::bigint FROM pg_class WHERE oid = %s", [table.oid])
+    if estimate is not None and estimate >= 0:
+        return int(estimate)
+    query = sql.SQL("SELECT count(*) FROM {}.{}").format(
+        sql.Identifier(table.ref.schema), sql.Identifier(table.ref.name)
+    )
+    return int(_one(conn, query)[0])
+
+
+@upstream_call
 def slot_state(conn: PgConnection, name: str) -> SlotState | None:
     """The slot's state, or None when there is no such slot."""
     found = _one(conn, _SLOT, [name])

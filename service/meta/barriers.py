@@ -178,7 +178,8 @@ _PERSIST_VNODES = text(
     """
 )
 
-# Consumed rows never go back (a chain job restarts from zero after a recovery), and
+# Consumed rows never go back (a chain job restarts from zero after a recovery; a CDC
+# job's count is its worker's, written with its rows: at most the open epoch ahead), and
 # rows/s is measured over windows of at least RATE_WINDOW_MS of epoch time, so both
 # follow committed epochs only. Epochs carry milliseconds in their high bits (>> 16).
 RATE_WINDOW_MS = 5_000
@@ -187,7 +188,8 @@ _JOB_PROGRESS = text(
     INSERT INTO job_progress AS j (job_id, consumed_rows, window_rows, window_epoch, rows_per_s)
     SELECT v.job_id, sum(v.n), sum(v.n), :clock, 0
     FROM (SELECT job_id, row_count AS n FROM vnode_progress
-          UNION ALL SELECT job_id, num_consumed_rows FROM split_progress) v
+          UNION ALL SELECT job_id, num_consumed_rows FROM split_progress
+          UNION ALL SELECT job_id, row_count FROM cdc_tables WHERE job_id IS NOT NULL) v
     JOIN jobs x ON x.id = v.job_id
     WHERE x.graph_id = :g AND x.state = 'creating'
     GROUP BY v.job_id

@@ -177,6 +177,7 @@ def create_cdc_table(
         schema = TableSchema.build(
             table.schema.columns, table.schema.primary_key, None, vnode_count
         )
+        total = cdc.row_estimate(conn, table)  # the backfill's progress total
         made_pub = made_slot = False
         pub_name = slot_name = ""
         try:
@@ -239,7 +240,7 @@ def create_cdc_table(
                         )
                     )
                     place_job_actors(s, job, schema.vnode_count)
-                    s.add(JobProgress(job_id=job.id, total_estimate=None))
+                    s.add(JobProgress(job_id=job.id, total_estimate=total))
                     events.record(s, "job_created", job.id, name=job.name, backfill="cdc")
                     idempotency.created(s, claim, {"table": name})
                     return rel

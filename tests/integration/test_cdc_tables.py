@@ -520,7 +520,8 @@ def test_pause_resume_and_throttle_steer_the_chunk_reads(
 ) -> None:
     """Pause, resume and a rate limit reach the CDC actor as for every kind (a flow
     mutation at a barrier): paused, it reads no chunk; throttled, no epoch's chunks
-    read more rows than the limit allows; resumed, the backfill ends."""
+    read more rows than the limit allows; resumed, the backfill ends. The job's generic
+    progress counts the rows read against the upstream's row count."""
     monkeypatch.setattr(cdc_actor, "CHUNK_ROWS", 10)
     api, loop = manual
     run(upstream, "CREATE TABLE t (id int PRIMARY KEY, v int)")
@@ -555,6 +556,11 @@ def test_pause_resume_and_throttle_steer_the_chunk_reads(
         assert api.post(f"/v1/jobs/{job_id}/resume").status_code == 200
         throttled = epoch_rounds(6)
         assert runner.executor.rate_limit == 5 and not runner.executor.paused
+        # the generic progress: the rows the chunks read, of the upstream's count
+        progress = api.get(f"/v1/jobs/{job_id}/progress").json()
+        assert progress["total_estimate"] == 200, progress
+        assert 0 < progress["rows"] <= progress["cdc"]["rows"], progress
+        assert 0 < progress["percent"] < 100, progress
         assert sum(throttled) > 0, throttled
         # a budget of rate x elapsed per epoch (the loop's ticks are ms apart); unthrottled,
         # an epoch's three rounds read three chunks of 10
