@@ -20,7 +20,7 @@ import os
 import tempfile
 from typing import Any
 
-from backfill_core.protocol import ImportReport, ImportState, ImportTask
+from backfill_core.protocol import ImportReport, ImportReportAnswer, ImportState, ImportTask
 from backfill_core.schema import ColumnType, TableSchema
 from spark_workers.claimed import ClaimedJobs, spark_error_message
 from spark_workers.datasource import SPARK_TYPES, quoted
@@ -165,22 +165,21 @@ class ImportRunner(ClaimedJobs[ImportTask, ImportReport]):
     """Claims and runs imports one at a time until ``stop`` is set."""
 
     kind = "import"
+    report_type = ImportReport
 
     def claim(self) -> ImportTask | None:
         return self.client.claim_import()
 
-    def report_running(self, task: ImportTask) -> bool:
-        answer = self.client.report_import(task.id, ImportReport(ImportState.RUNNING))
-        return answer.state is ImportState.RUNNING
+    def report(self, task: ImportTask, report: ImportReport) -> ImportReportAnswer:
+        # an end not reported: the leader fails the import once this worker is gone, and
+        # drops its staging table
+        return self.client.report_import(task.id, report)
 
     def execute(self, spark: SparkPath, task: ImportTask, group: str) -> ImportReport:
         log.info(
             "import %s of %s files at %s into %s", task.id, task.format, task.path, task.relation
         )
         return ImportReport(ImportState.SUCCEEDED, load_import(spark, task, group))
-
-    def cancelled(self) -> ImportReport:
-        return ImportReport(ImportState.CANCELLED)
 
     def failed(self, task: ImportTask, error: Exception) -> ImportReport:
         if isinstance(error, ImportFailed):  # a bad file or row: the import's own error
@@ -192,6 +191,5 @@ class ImportRunner(ClaimedJobs[ImportTask, ImportReport]):
         return ImportReport(ImportState.FAILED, None, spark_error_message(error), "spark")
 
     def report_end(self, task: ImportTask, final: ImportReport) -> None:
-        # not reported: the leader fails it once this worker is gone, and drops its staging
-        answer = self.client.report_import(task.id, final)
+        answer = self.report(task, final)
         log.info("import %s: %s %s", task.id, answer.state, answer.error or "")
