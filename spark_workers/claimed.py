@@ -17,25 +17,27 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
+from backfill_core.protocol import ClaimedTask, TaskReport, TaskState
 from spark_workers.client import ControlPlaneClient
 from spark_workers.spark_path import SparkPath
 
 log = logging.getLogger(__name__)
 
 
-class Claimed(Protocol):
+class Answer(Protocol):
     @property
-    def id(self) -> int: ...
+    def state(self) -> TaskState: ...
 
 
-TaskT = TypeVar("TaskT", bound=Claimed)
-ReportT = TypeVar("ReportT")
+TaskT = TypeVar("TaskT", bound=ClaimedTask)
+ReportT = TypeVar("ReportT", bound=TaskReport)
 
 
 class ClaimedJobs(ABC, Generic[TaskT, ReportT]):
     """Claims one kind of work and runs it, one at a time, until ``stop`` is set."""
 
     kind: str  # "export", "import": in logs, thread names and Spark's job groups
+    report_type: type[ReportT]  # its reports' type, built here for running and cancelled
 
     def __init__(
         self,
@@ -57,21 +59,27 @@ class ClaimedJobs(ABC, Generic[TaskT, ReportT]):
     def claim(self) -> TaskT | None: ...
 
     @abstractmethod
-    def report_running(self, task: TaskT) -> bool:
-        """Report the task running; whether the control plane still wants it."""
+    def report(self, task: TaskT, report: ReportT) -> Answer:
+        """Send a report on the task; the control plane's answer."""
 
     @abstractmethod
     def execute(self, spark: SparkPath, task: TaskT, group: str) -> ReportT:
         """Run the task's Spark job(s) in job group ``group``: its final report."""
 
     @abstractmethod
-    def cancelled(self) -> ReportT: ...
-
-    @abstractmethod
     def failed(self, task: TaskT, error: Exception) -> ReportT: ...
 
-    @abstractmethod
-    def report_end(self, task: TaskT, final: ReportT) -> None: ...
+    def report_running(self, task: TaskT) -> bool:
+        """Report the task running; whether the control plane still wants it."""
+        answer = self.report(task, self.report_type(TaskState.RUNNING))
+        return answer.state is TaskState.RUNNING
+
+    def cancelled(self) -> ReportT:
+        return self.report_type(TaskState.CANCELLED)
+
+    def report_end(self, task: TaskT, final: ReportT) -> None:
+        # not reported: the leader fails it once this worker is gone
+        self.report(task, final)
 
     def run(self) -> None:
         while not self.stop.wait(self.claim_s):

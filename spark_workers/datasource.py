@@ -48,12 +48,13 @@ from state_store.options import worker_dsn
 
 FORMAT = "backfill_store"
 
-_SPARK_TYPES = {
+# the Spark type of each store type (imports read files as these too)
+SPARK_TYPES = {
     ColumnType.SMALLINT: "SMALLINT",
     ColumnType.INT: "INT",
     ColumnType.BIGINT: "BIGINT",
     ColumnType.DOUBLE: "DOUBLE",
-    ColumnType.NUMERIC: "STRING",  # exact: Spark's decimals stop at 38 digits
+    ColumnType.NUMERIC: "STRING",  # exact as text: Spark's decimals stop at 38 digits
     ColumnType.TEXT: "STRING",
     ColumnType.BOOLEAN: "BOOLEAN",
     ColumnType.DATE: "DATE",
@@ -64,11 +65,15 @@ _SPARK_TYPES = {
 }
 
 
+def quoted(name: str) -> str:
+    """``name`` as a Spark SQL identifier."""
+    return "`" + name.replace("`", "``") + "`"
+
+
 def spark_ddl(schema: TableSchema) -> str:
     cols = ["`_vnode` SMALLINT"]
     for c in schema.columns:
-        quoted = c.name.replace("`", "``")
-        cols.append(f"`{quoted}` {_SPARK_TYPES[c.type]}")
+        cols.append(f"{quoted(c.name)} {SPARK_TYPES[c.type]}")
     return ", ".join(cols)
 
 

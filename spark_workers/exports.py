@@ -17,6 +17,7 @@ import logging
 
 from backfill_core.protocol import (
     ExportReport,
+    ExportReportAnswer,
     ExportState,
     ExportTask,
     MvWrite,
@@ -70,25 +71,19 @@ class ExportRunner(ClaimedJobs[ExportTask, ExportReport]):
     """Claims and runs exports one at a time until ``stop`` is set."""
 
     kind = "export"
+    report_type = ExportReport
 
     def claim(self) -> ExportTask | None:
         return self.client.claim_export()
 
-    def report_running(self, task: ExportTask) -> bool:
-        answer = self.client.report_export(task.id, ExportReport(ExportState.RUNNING))
-        return answer.state is ExportState.RUNNING
+    def report(self, task: ExportTask, report: ExportReport) -> ExportReportAnswer:
+        # until a report of its end, or its worker is gone, the export's pin stays
+        return self.client.report_export(task.id, report)
 
     def execute(self, spark: SparkPath, task: ExportTask, group: str) -> ExportReport:
         log.info("export %s of %s at epoch %s to %s", task.id, task.relation, task.epoch, task.path)
         return ExportReport(ExportState.SUCCEEDED, write_export(spark, task, group))
 
-    def cancelled(self) -> ExportReport:
-        return ExportReport(ExportState.CANCELLED)
-
     def failed(self, task: ExportTask, error: Exception) -> ExportReport:
         log.error("export %s failed", task.id, exc_info=error)
         return ExportReport(ExportState.FAILED, error=spark_error_message(error))
-
-    def report_end(self, task: ExportTask, final: ExportReport) -> None:
-        # not reported: the leader fails it once this worker is gone; until then its pin stays
-        self.client.report_export(task.id, final)

@@ -20,31 +20,16 @@ import os
 import tempfile
 from typing import Any
 
-from backfill_core.protocol import ImportReport, ImportState, ImportTask
+from backfill_core.protocol import ImportReport, ImportReportAnswer, ImportState, ImportTask
 from backfill_core.schema import ColumnType, TableSchema
 from spark_workers.claimed import ClaimedJobs, spark_error_message
+from spark_workers.datasource import SPARK_TYPES, quoted
 from spark_workers.import_source import BAD, FILE, FORMAT, ROW, bad_row_of
 from spark_workers.spark_path import SparkPath
 
 log = logging.getLogger(__name__)
 
 CORRUPT = "_corrupt_record"
-# the Spark types files are read as: the store's (``datasource``), but bytea as its hex
-# text in CSV and JSON (neither reader takes binary)
-_SPARK_TYPES = {
-    ColumnType.SMALLINT: "SMALLINT",
-    ColumnType.INT: "INT",
-    ColumnType.BIGINT: "BIGINT",
-    ColumnType.DOUBLE: "DOUBLE",
-    ColumnType.NUMERIC: "STRING",  # exact: Postgres reads the text
-    ColumnType.TEXT: "STRING",
-    ColumnType.BOOLEAN: "BOOLEAN",
-    ColumnType.DATE: "DATE",
-    ColumnType.TIMESTAMP: "TIMESTAMP_NTZ",
-    ColumnType.TIMESTAMPTZ: "TIMESTAMP",
-    ColumnType.JSONB: "STRING",
-    ColumnType.BYTEA: "BINARY",
-}
 
 
 class ImportFailed(Exception):
@@ -52,10 +37,6 @@ class ImportFailed(Exception):
         super().__init__(message)
         self.code = code
         self.details = details or {}
-
-
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 def import_frame(session: Any, task: ImportTask) -> Any:
@@ -75,10 +56,10 @@ def import_frame(session: Any, task: ImportTask) -> Any:
                         f"the files have no column {c.name!r}, which is not nullable",
                         {"column": c.name},
                     )
-                cols.append(F.lit(None).cast(_SPARK_TYPES[c.type]).alias(c.name))
+                cols.append(F.lit(None).cast(SPARK_TYPES[c.type]).alias(c.name))
                 continue
-            src = F.col(_quoted(c.name))
-            cast = src.try_cast(_SPARK_TYPES[c.type])
+            src = F.col(quoted(c.name))
+            cast = src.try_cast(SPARK_TYPES[c.type])
             cols.append(cast.alias(c.name))
             why = F.concat(F.lit(f"column {c.name!r}: cannot read "), src.try_cast("STRING"))
             bad.append(F.when(src.isNotNull() & cast.isNull(), why))
@@ -88,10 +69,11 @@ def import_frame(session: Any, task: ImportTask) -> Any:
             F.col("_metadata.file_path").alias(FILE),
             F.col("_metadata.row_index").alias(ROW),
         )
-    types = {t: ("STRING" if t is ColumnType.BYTEA else s) for t, s in _SPARK_TYPES.items()}
-    ddl = ", ".join(f"{_quoted(c.name)} {types[c.type]}" for c in schema.columns)
+    # bytea as its hex text: neither the CSV nor the JSON reader takes binary
+    types = {t: ("STRING" if t is ColumnType.BYTEA else s) for t, s in SPARK_TYPES.items()}
+    ddl = ", ".join(f"{quoted(c.name)} {types[c.type]}" for c in schema.columns)
     reader = (
-        session.read.schema(f"{ddl}, {_quoted(CORRUPT)} STRING")
+        session.read.schema(f"{ddl}, {quoted(CORRUPT)} STRING")
         .option("mode", "PERMISSIVE")
         .option("columnNameOfCorruptRecord", CORRUPT)
     )
@@ -100,7 +82,7 @@ def import_frame(session: Any, task: ImportTask) -> Any:
         reader = reader.option("header", "true").option("enforceSchema", "false")
     df = reader.format(task.format).load(task.path)
     return df.select(
-        *(F.col(_quoted(c.name)) for c in schema.columns),
+        *(F.col(quoted(c.name)) for c in schema.columns),
         F.col(CORRUPT).alias(BAD),
         F.input_file_name().alias(FILE),
         F.lit(None).cast("BIGINT").alias(ROW),
@@ -183,22 +165,21 @@ class ImportRunner(ClaimedJobs[ImportTask, ImportReport]):
     """Claims and runs imports one at a time until ``stop`` is set."""
 
     kind = "import"
+    report_type = ImportReport
 
     def claim(self) -> ImportTask | None:
         return self.client.claim_import()
 
-    def report_running(self, task: ImportTask) -> bool:
-        answer = self.client.report_import(task.id, ImportReport(ImportState.RUNNING))
-        return answer.state is ImportState.RUNNING
+    def report(self, task: ImportTask, report: ImportReport) -> ImportReportAnswer:
+        # an end not reported: the leader fails the import once this worker is gone, and
+        # drops its staging table
+        return self.client.report_import(task.id, report)
 
     def execute(self, spark: SparkPath, task: ImportTask, group: str) -> ImportReport:
         log.info(
             "import %s of %s files at %s into %s", task.id, task.format, task.path, task.relation
         )
         return ImportReport(ImportState.SUCCEEDED, load_import(spark, task, group))
-
-    def cancelled(self) -> ImportReport:
-        return ImportReport(ImportState.CANCELLED)
 
     def failed(self, task: ImportTask, error: Exception) -> ImportReport:
         if isinstance(error, ImportFailed):  # a bad file or row: the import's own error
@@ -210,6 +191,5 @@ class ImportRunner(ClaimedJobs[ImportTask, ImportReport]):
         return ImportReport(ImportState.FAILED, None, spark_error_message(error), "spark")
 
     def report_end(self, task: ImportTask, final: ImportReport) -> None:
-        # not reported: the leader fails it once this worker is gone, and drops its staging
-        answer = self.client.report_import(task.id, final)
+        answer = self.report(task, final)
         log.info("import %s: %s %s", task.id, answer.state, answer.error or "")

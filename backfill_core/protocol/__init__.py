@@ -1,9 +1,10 @@
 """The contract between the control plane and the workers, in one place: the worker
 protocol's messages (``assignment``: the poll's answer; ``messages``: registration,
-collects, failure reports; ``exports``, ``imports``: export and import work), its error codes (``errors``) and the plans of the worker's
-Spark jobs (``plan``). Each type decodes its JSON once (``from_json``) and encodes it
-once (``to_json``); both sides use these, the control plane behind the pydantic models
-of its HTTP edge (``service.api.workers``).
+collects, failure reports; ``exports``, ``imports``: export and import work, and
+``claimed``: what they share), its error codes (``errors``) and the plans of the
+worker's Spark jobs (``plan``). Each type decodes its JSON once (``from_json``) and
+encodes it once (``to_json``); both sides use these, the control plane behind the
+pydantic models of its HTTP edge (``service.api.workers``).
 """
 
 from backfill_core.protocol.assignment import (
@@ -17,6 +18,7 @@ from backfill_core.protocol.assignment import (
     SplitRestore,
     VnodeRestore,
 )
+from backfill_core.protocol.claimed import ClaimedTask, TaskReport, TaskState
 from backfill_core.protocol.decode import MalformedMessage
 from backfill_core.protocol.errors import SUPERSEDED, ErrorBody, ErrorCode
 from backfill_core.protocol.exports import (
@@ -56,6 +58,7 @@ __all__ = [
     "SUPERSEDED",
     "Assignment",
     "BarrierMessage",
+    "ClaimedTask",
     "CollectAnswer",
     "CollectBatch",
     "CollectBatchAnswer",
@@ -88,6 +91,8 @@ __all__ = [
     "SourceRef",
     "SplitRestore",
     "TablePlan",
+    "TaskReport",
+    "TaskState",
     "VnodeRead",
     "VnodeRestore",
 ]

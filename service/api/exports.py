@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.claimed import TaskStateJson, view_fields
 from service.api.deps import get_ctx
 from service.api.epochs import EpochJson, EpochQuery
 from service.api.errors import EPOCH_GONE, ERROR_RESPONSES
@@ -20,8 +21,6 @@ from service.usecases import exports
 
 router = APIRouter(tags=["exports"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
-
-State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class ExportCreate(RequestBody):
@@ -50,7 +49,7 @@ class ExportView(BaseModel):
     format: str
     path: str
     epoch: EpochJson = Field(description="the committed epoch whose snapshot is written")
-    state: State
+    state: TaskStateJson
     rows: int | None = Field(description="rows written, once succeeded")
     error: str | None
     worker_id: int | None = Field(description="the worker that runs or ran it")
@@ -64,20 +63,7 @@ class ExportList(BaseModel):
 
 
 def _view(x: Export) -> ExportView:
-    return ExportView(
-        id=x.id,
-        table=x.relation,
-        format=x.format,
-        path=x.path,
-        epoch=x.epoch,
-        state=x.state,  # type: ignore[arg-type]
-        rows=x.rows,
-        error=x.error,
-        worker_id=x.worker_id,
-        created_at=x.created_at,
-        started_at=x.started_at,
-        finished_at=x.finished_at,
-    )
+    return ExportView(**view_fields(x))
 
 
 @router.post(

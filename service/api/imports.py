@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
+from service.api.claimed import TaskStateJson, view_fields
 from service.api.deps import get_ctx
 from service.api.epochs import EpochJson
 from service.api.errors import ERROR_RESPONSES
@@ -19,8 +20,6 @@ from service.usecases import imports
 
 router = APIRouter(tags=["imports"], responses=ERROR_RESPONSES)
 Ctx = Annotated[ServiceContext, Depends(get_ctx)]
-
-State = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
 class ImportCreate(RequestBody):
@@ -45,7 +44,7 @@ class ImportView(BaseModel):
     table: str
     format: str
     path: str
-    state: State
+    state: TaskStateJson
     epoch: EpochJson | None = Field(description="the epoch the rows were published at")
     rows: int | None = Field(description="rows imported, once succeeded")
     error: str | None
@@ -68,22 +67,7 @@ class ImportList(BaseModel):
 
 
 def _view(x: Import) -> ImportView:
-    return ImportView(
-        id=x.id,
-        table=x.relation,
-        format=x.format,
-        path=x.path,
-        state=x.state,  # type: ignore[arg-type]
-        epoch=x.epoch,
-        rows=x.rows,
-        error=x.error,
-        error_code=x.error_code,
-        error_details=x.error_details,
-        worker_id=x.worker_id,
-        created_at=x.created_at,
-        started_at=x.started_at,
-        finished_at=x.finished_at,
-    )
+    return ImportView(**view_fields(x), error_code=x.error_code, error_details=x.error_details)
 
 
 @router.post(

@@ -17,6 +17,7 @@ from pydantic import BaseModel, Field
 from backfill_core import protocol
 from backfill_core.protocol import ErrorCode
 from service.api.bodies import RawBody, parse_body, raw_body_openapi
+from service.api.claimed import TaskStateJson
 from service.api.deps import get_ctx
 from service.api.errors import ERROR_RESPONSES, ErrorResponse
 from service.api.limits import MAX_BIGINT, MAX_INT32, RequestBody
@@ -319,24 +320,33 @@ def report_failure(worker_id: int, body: FailureReport, ctx: Ctx) -> Response:
     return Response(status_code=202)
 
 
-class ExportTask(BaseModel):
+# the members every claimed task and every report starts with (protocol.ClaimedTask,
+# protocol.TaskReport); no docstring: it would describe each model in the document
+class ClaimedTask(BaseModel):
     id: int
     relation: str
     storage_table: str
     table_schema: dict[str, Any]
-    epoch: int
-    format: str
-    path: str
 
 
-class ExportReport(RequestBody):
+class TaskReport(RequestBody):
     state: Literal["running", "succeeded", "failed", "cancelled"]
     rows: int | None = Field(default=None, ge=0, le=MAX_BIGINT)
     error: str | None = Field(default=None, max_length=10_000)
 
 
+class ExportTask(ClaimedTask):
+    epoch: int
+    format: str
+    path: str
+
+
+class ExportReport(TaskReport):
+    pass
+
+
 class ExportReportAnswer(BaseModel):
-    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    state: TaskStateJson
 
 
 EDGE_MODELS |= {
@@ -369,26 +379,19 @@ def report_export(worker_id: int, export_id: int, body: ExportReport, ctx: Ctx) 
     return _json(exports.report(ctx.db, worker_id, export_id, report))
 
 
-class ImportTask(BaseModel):
-    id: int
-    relation: str
-    storage_table: str
-    table_schema: dict[str, Any]
+class ImportTask(ClaimedTask):
     format: str
     path: str
     staging_table: str
 
 
-class ImportReport(RequestBody):
-    state: Literal["running", "succeeded", "failed", "cancelled"]
-    rows: int | None = Field(default=None, ge=0, le=MAX_BIGINT)
-    error: str | None = Field(default=None, max_length=10_000)
+class ImportReport(TaskReport):
     error_code: str | None = Field(default=None, max_length=100)
     details: dict[str, Any] = Field(default_factory=dict)
 
 
 class ImportReportAnswer(BaseModel):
-    state: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    state: TaskStateJson
     error: str | None = None
 
 

@@ -1,6 +1,6 @@
 """Imports as the workers see them: claim a queued one (its staging table is created
 with the claim), report on it, publish its staged rows at one epoch, and the leader's
-sweep of imports whose worker is gone.
+sweep of imports whose worker is gone (what exports share: ``service.meta.claimed``).
 
 Publishing takes the locks of a DML insert in the order that holds the epoch least:
 the table's row first (its DML is serialized: no writer of the table moves under the
@@ -12,21 +12,19 @@ barrier waits for that statement only, not for the Spark job nor the checks.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from typing import Any
 
-from sqlalchemy import exists, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from backfill_core.protocol import ImportReport, ImportReportAnswer, ImportState, ImportTask
 from backfill_core.schema import TableSchema, value_to_json
-from service.catalog.models import Import, Relation, Worker
+from service.catalog.models import Import, Relation
 from service.catalog.queries import add_row_count_delta, storage_of
 from service.db import Database, raw_cursor
-from service.errors import NotFound
+from service.meta import claimed
 from service.meta.epochs import open_dml_epoch
-from service.meta.exports import check_alive
 from state_store import staging
 
 log = logging.getLogger(__name__)
@@ -36,28 +34,15 @@ LOST = "the worker running the import was lost"
 
 def claim(db: Database, worker_id: int) -> ImportTask | None:
     """The oldest queued import, now running on this worker with its staging table
-    created; None when there is none (``SKIP LOCKED``, as exports)."""
+    created; None when there is none."""
     with db.transaction() as s:
-        check_alive(s, worker_id)
-        x = s.execute(
-            select(Import)
-            .where(Import.state == ImportState.QUEUED.value)
-            .order_by(Import.id)
-            .limit(1)
-            .with_for_update(skip_locked=True)
-        ).scalar_one_or_none()
-        if x is None:
+        got = claimed.claim_oldest(s, Import, worker_id, dropped=lambda x: _dropped(s, x))
+        if got is None:
             return None
-        rel = s.get(Relation, x.relation_id) if x.relation_id is not None else None
-        if rel is None:  # dropped since it was queued
-            _finish(s, x, ImportState.FAILED, f"table {x.relation!r} was dropped", "dropped")
-            return None
+        x, rel = got
         name = staging.staging_name(x.id)
         staging.create_staging(raw_cursor(s), storage_of(rel), name)
         x.staging = name
-        x.state = ImportState.RUNNING.value
-        x.worker_id = worker_id
-        x.started_at = dt.datetime.now(dt.UTC)
         return ImportTask(x.id, x.relation, rel.storage_table, rel.schema, x.format, x.path, name)
 
 
@@ -70,20 +55,23 @@ def report(
     no longer running on this worker changes nothing but drops the staging table of a
     cancelled one once its worker says it stopped. The answer: the state after it."""
     with db.transaction() as s:
-        x = s.execute(
-            select(Import).where(Import.id == import_id).with_for_update()
-        ).scalar_one_or_none()
-        if x is None:
-            raise NotFound(f"import {import_id} does not exist", {"import_id": import_id})
-        mine = x.worker_id == worker_id
-        if mine and x.state == ImportState.RUNNING.value and r.state is not ImportState.RUNNING:
+
+        def ended(x: Import) -> None:
             if r.state is ImportState.SUCCEEDED:
                 _publish(s, x, r.rows or 0, now_ms)
             else:
                 _finish(s, x, r.state, r.error, r.error_code, r.details)
-        elif mine and x.state == ImportState.CANCELLED.value and r.state.terminal:
-            _drop_staging(s, x)  # the worker stopped writing into it
+
+        x = claimed.lock(s, Import, "import", import_id)
+        # a stopped worker no longer writes into the staging table
+        claimed.apply_report(
+            x, worker_id, r.state, ended=ended, stopped=lambda x: _drop_staging(s, x)
+        )
         return ImportReportAnswer(ImportState(x.state), x.error)
+
+
+def _dropped(s: Session, x: Import) -> None:
+    _finish(s, x, ImportState.FAILED, f"table {x.relation!r} was dropped", "dropped")
 
 
 def _publish(s: Session, x: Import, staged: int, now_ms: int) -> None:
@@ -93,7 +81,7 @@ def _publish(s: Session, x: Import, staged: int, now_ms: int) -> None:
         .one_or_none()
     )
     if rel is None or x.staging is None:
-        _finish(s, x, ImportState.FAILED, f"table {x.relation!r} was dropped", "dropped")
+        _dropped(s, x)
         return
     table = storage_of(rel)
     schema = TableSchema.from_json(rel.schema)
@@ -152,12 +140,9 @@ def _finish(
     *,
     rows: int | None = None,
 ) -> None:
-    x.state = state.value
-    x.rows = rows
-    x.error = None if error is None else error[:2000]
+    claimed.end(x, state, rows, error)
     x.error_code = code if error is not None else None
     x.error_details = details if error is not None else None
-    x.finished_at = dt.datetime.now(dt.UTC)
     _drop_staging(s, x)
 
 
@@ -181,11 +166,7 @@ def _drop_staging(s: Session, x: Import, lock_timeout: str = "10s") -> None:
 def sweep(s: Session) -> None:
     """The leader, with expired workers: imports running on a worker that is gone fail,
     and the staging tables left by imports that ended are dropped."""
-    gone = ~exists().where(Worker.id == Import.worker_id, Worker.state == "alive")
-    for x in s.execute(
-        select(Import).where(Import.state == ImportState.RUNNING.value, gone).with_for_update()
-    ).scalars():
-        _finish(s, x, ImportState.FAILED, LOST, "worker_lost")
+    claimed.sweep_lost(s, Import, lambda x: _finish(s, x, ImportState.FAILED, LOST, "worker_lost"))
     # (a cancelled import's tasks may still write: the drop does not wait for them, as
     # this runs in the barrier loop; it is tried again next round)
     for x in s.execute(
@@ -200,6 +181,4 @@ def sweep(s: Session) -> None:
 
 
 def any_queued(s: Session) -> bool:
-    return bool(
-        s.execute(select(exists().where(Import.state == ImportState.QUEUED.value))).scalar_one()
-    )
+    return claimed.any_queued(s, Import)

@@ -31,6 +31,7 @@ from spark_workers.actors import ActorFailed
 from spark_workers.cdc_actor import CdcRunner
 from tests.integration.test_pg_cdc import run
 from tests.kit.meta import FakeWorker
+from tests.kit.pg_logical import random_change
 
 pytestmark = pytest.mark.db
 
@@ -300,28 +301,7 @@ def _burst(cur: Any, rng: random.Random, n: int, step: int) -> None:
     """``n`` upstream transactions: inserts, updates, deletes, key changes, several
     statements in one."""
     for i in range(n):
-        k, k2 = rng.randrange(1, 700), rng.randrange(1, 700)
-        op = rng.choice(["ins", "upd", "del", "key", "txn"])
-        v = step * 1000 + i
-        if op == "ins":
-            cur.execute(
-                "INSERT INTO t VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v",
-                [k, v],
-            )
-        elif op == "upd":
-            cur.execute("UPDATE t SET v = %s WHERE id = %s", [v, k])
-        elif op == "del":
-            cur.execute("DELETE FROM t WHERE id = %s", [k])
-        elif op == "key":
-            cur.execute(
-                "UPDATE t SET id = %s WHERE id = %s AND NOT EXISTS (SELECT FROM t WHERE id = %s)",
-                [k2, k, k2],
-            )
-        else:
-            cur.execute("BEGIN")
-            cur.execute("UPDATE t SET v = v + 1 WHERE id BETWEEN %s AND %s", [k, k + 20])
-            cur.execute("DELETE FROM t WHERE id = %s", [k2])
-            cur.execute("COMMIT")
+        random_change(cur, rng, 700, step * 1000 + i)
 
 
 def _ours_at(db: Database, epoch: int) -> dict[tuple[Any, ...], tuple[Any, ...]]:

@@ -32,6 +32,7 @@ from connectors import pg_cdc as cdc
 from connectors.pg_cdc.stream import RowChange, Transaction, TruncateChange
 from service.embedded_pg import to_libpq_url
 from tests.kit.executors import epoch
+from tests.kit.pg_logical import random_change
 
 pytestmark = pytest.mark.db
 
@@ -524,29 +525,7 @@ def test_cdc_backfill_over_a_live_writer_ends_equal_to_the_upstream(upstream: st
         try:
             with w.cursor() as cur:
                 for i in range(600):
-                    k, k2 = rng.randrange(1, 500), rng.randrange(1, 500)
-                    op = rng.choice(["ins", "upd", "del", "key", "txn"])
-                    if op == "ins":
-                        cur.execute(
-                            "INSERT INTO t VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v",
-                            [k, i],
-                        )
-                    elif op == "upd":
-                        cur.execute("UPDATE t SET v = %s WHERE id = %s", [i, k])
-                    elif op == "del":
-                        cur.execute("DELETE FROM t WHERE id = %s", [k])
-                    elif op == "key":
-                        cur.execute(
-                            "UPDATE t SET id = %s WHERE id = %s AND NOT EXISTS (SELECT FROM t WHERE id = %s)",
-                            [k2, k, k2],
-                        )
-                    else:
-                        cur.execute("BEGIN")
-                        cur.execute(
-                            "UPDATE t SET v = v + 1 WHERE id BETWEEN %s AND %s", [k, k + 20]
-                        )
-                        cur.execute("DELETE FROM t WHERE id = %s", [k2])
-                        cur.execute("COMMIT")
+                    random_change(cur, rng, 500, i)
         except BaseException as e:  # noqa: BLE001 - reported by the test
             errors.append(e)
         finally:

@@ -3,9 +3,11 @@ the upstream of the CDC connector's tests (``connectors/pg_cdc``)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 
@@ -34,3 +36,30 @@ def logical_postgres(data_dir: Path) -> Iterator[str]:
         yield url
     finally:
         server.stop()
+
+
+def random_change(cur: Any, rng: random.Random, keys: int, v: int) -> None:
+    """One upstream transaction on ``t (id int PRIMARY KEY, v int)`` with keys below
+    ``keys``, drawn from ``rng``: an insert (an update on a conflict), an update, a
+    delete, a key change, or a transaction of several statements."""
+    k, k2 = rng.randrange(1, keys), rng.randrange(1, keys)
+    op = rng.choice(["ins", "upd", "del", "key", "txn"])
+    if op == "ins":
+        cur.execute(
+            "INSERT INTO t VALUES (%s, %s) ON CONFLICT (id) DO UPDATE SET v = EXCLUDED.v",
+            [k, v],
+        )
+    elif op == "upd":
+        cur.execute("UPDATE t SET v = %s WHERE id = %s", [v, k])
+    elif op == "del":
+        cur.execute("DELETE FROM t WHERE id = %s", [k])
+    elif op == "key":
+        cur.execute(
+            "UPDATE t SET id = %s WHERE id = %s AND NOT EXISTS (SELECT FROM t WHERE id = %s)",
+            [k2, k, k2],
+        )
+    else:
+        cur.execute("BEGIN")
+        cur.execute("UPDATE t SET v = v + 1 WHERE id BETWEEN %s AND %s", [k, k + 20])
+        cur.execute("DELETE FROM t WHERE id = %s", [k2])
+        cur.execute("COMMIT")
