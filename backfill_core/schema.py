@@ -151,7 +151,7 @@ class TableSchema:
     # looks nothing up per value
     _coercers: tuple[tuple[str, Any, bool], ...] = field(default=(), compare=False, repr=False)
 
-    _insert_coercer: Callable[[object], dict[str, Any]] | None = field(
+    _insert_coercer: Callable[[object], tuple[Any, ...]] | None = field(
         default=None, compare=False, repr=False
     )
 
@@ -282,10 +282,11 @@ class TableSchema:
                 out[name] = None
         return out
 
-    def insert_coercer(self) -> Callable[[object], dict[str, Any]]:
-        """``coerce_row(raw, full=True)`` compiled for this schema (built once): the usual
-        values (an int in range, a float, a string of plain text, a bool) are checked
-        inline; anything else, and every error, goes through ``coerce_row`` itself."""
+    def insert_coercer(self) -> Callable[[object], tuple[Any, ...]]:
+        """``coerce_row(raw, full=True)`` compiled for this schema (built once), giving the
+        row's values in column order (a row as the store takes it): the usual values (an
+        int in range, a float, a string of plain text, a bool) are checked inline;
+        anything else, and every error, goes through ``coerce_row`` itself."""
         built = self._insert_coercer
         if built is None:
             built = _compile_insert_coercer(self)
@@ -372,9 +373,9 @@ def _fast_check(t: ColumnType, v: str) -> str | None:
     return None
 
 
-def _compile_insert_coercer(schema: TableSchema) -> Callable[[object], dict[str, Any]]:
-    def slow(raw: object) -> dict[str, Any]:
-        return schema.coerce_row(raw, full=True)
+def _compile_insert_coercer(schema: TableSchema) -> Callable[[object], tuple[Any, ...]]:
+    def slow(raw: object) -> tuple[Any, ...]:
+        return tuple(schema.coerce_row(raw, full=True).values())  # every column, in order
 
     env: dict[str, Any] = {"_slow": slow, "_known": schema._index.keys(), "_M": object()}
     env["_INF"] = math.inf
@@ -403,10 +404,9 @@ def _compile_insert_coercer(schema: TableSchema) -> Callable[[object], dict[str,
         lines.append(f"            {v} = _c{i}({v})")
         lines.append("        except Exception:")
         lines.append("            return _slow(raw)")
-    items = ", ".join(f"{c.name!r}: v{i}" for i, c in enumerate(schema.columns))
-    lines.append(f"    return {{{items}}}")
+    lines.append(f"    return ({''.join(f'v{i}, ' for i in range(len(schema.columns)))})")
     exec(compile("\n".join(lines), "<insert-coercer>", "exec"), env)  # noqa: S102 - names only
-    fn: Callable[[object], dict[str, Any]] = env["coerce"]
+    fn: Callable[[object], tuple[Any, ...]] = env["coerce"]
     return fn
 
 

@@ -111,6 +111,9 @@ def line_formatter(
             parts.append(f"{{e{i}({expr})}}")
     parts[-1] += "{middle}"
     for j, (t, idx) in enumerate(zip(value_types, value_idx, strict=True)):
+        if t in _INLINE:  # formatted as ``str`` (a float's str is its repr)
+            parts.append(f"{{NULL if (x{j} := r[{idx}]) is None else x{j}}}")
+            continue
         env[f"v{j}"] = _ENCODERS[t]
         parts.append(f"{{NULL if (x{j} := r[{idx}]) is None else v{j}(x{j})}}")
     body = "\\t".join(parts)

@@ -23,7 +23,7 @@ import operator
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from psycopg2 import errors, sql
 
@@ -40,6 +40,7 @@ LINES_PER_CHUNK = 2_000
 # records per piece of a bulk COPY (``copy_csv_rows``), each sorted by vnode
 BULK_LINES_PER_CHUNK = 10_000
 VNODE, EPOCH, DELETED = "_vnode", "_epoch", "_deleted"
+_Keyed = TypeVar("_Keyed", bound=tuple[Any, Any])  # (key, what is written for it)
 
 
 def _ids(names: Iterable[str], prefix: str | None = None) -> sql.Composed:
@@ -283,45 +284,81 @@ class VersionedTable:
             latest = {self.key_of(v.row): v for v in versions}
             if not latest:
                 return 0
-            stream = _LineStream(self._lines(epoch, latest))
-            cur.execute("SAVEPOINT store_write")
-            try:
-                cur.copy_expert(
-                    sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)),
-                    stream,
-                    size=COPY_CHUNK,
-                )
-            except errors.UniqueViolation:
-                cur.execute("ROLLBACK TO SAVEPOINT store_write")
-                self._upsert(cur, io.StringIO(stream.everything()))
-            cur.execute("RELEASE SAVEPOINT store_write")
+            self._copy_lines(cur, self._lines(epoch, latest))
         return len(latest)
 
+    def write_rows(
+        self, cur: Any, epoch: int, keys: Sequence[Row], rows: Sequence[Row], vnodes: Sequence[int]
+    ) -> int:
+        """Write live versions at ``epoch`` of ``rows``, whose keys are ``keys`` (distinct)
+        and vnodes ``vnodes`` (``vnode_of_key`` of each): ``write`` of rows a caller has
+        keyed and hashed already (a batch of inserts, looked up first), with its rule."""
+        if not rows:
+            return 0
+        with collector_paused():
+            fmt, live = self._format_line, f"\t{epoch}\tf"
+            buckets = self._buckets(vnodes, zip(keys, rows, strict=True))
+            self._copy_lines(
+                cur,
+                self._chunks(buckets, lambda vn, items: [fmt(vn, k, live, r) for k, r in items]),
+            )
+        return len(rows)
+
+    def _copy_lines(self, cur: Any, chunks: Iterator[str]) -> None:
+        stream = _LineStream(chunks)
+        cur.execute("SAVEPOINT store_write")
+        try:
+            cur.copy_expert(
+                sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)),
+                stream,
+                size=COPY_CHUNK,
+            )
+        except errors.UniqueViolation:
+            cur.execute("ROLLBACK TO SAVEPOINT store_write")
+            self._upsert(cur, io.StringIO(stream.everything()))
+        cur.execute("RELEASE SAVEPOINT store_write")
+
     def _lines(self, epoch: int, latest: dict[Row, Version]) -> Iterator[str]:
-        """COPY text of the versions in (vnode, pk) order, in chunks of lines.
+        """COPY text of the versions in (vnode, pk) order, in chunks of lines."""
+        fmt = self._format_line
+        live = f"\t{epoch}\tf"
+        dead = f"\t{epoch}\tt"
+        nulls = self._null_row
+        buckets = self._buckets(map(self._vnode_of_key, latest), latest.items())
+        return self._chunks(
+            buckets,
+            lambda vn, items: [
+                fmt(vn, k, dead, nulls) if v.deleted else fmt(vn, k, live, v.row) for k, v in items
+            ],
+        )
+
+    def _buckets(self, vnodes: Iterable[int], items: Iterable[_Keyed]) -> list[list[_Keyed]]:
+        """``items`` by vnode, each vnode's in input order."""
+        buckets: list[list[_Keyed]] = [[] for _ in range(self.schema.vnode_count)]
+        appends = [b.append for b in buckets]
+        for vnode, item in zip(vnodes, items, strict=True):
+            appends[vnode](item)
+        return buckets
+
+    @staticmethod
+    def _chunks(
+        buckets: list[list[_Keyed]], lines_of: Callable[[int, list[_Keyed]], list[str]]
+    ) -> Iterator[str]:
+        """COPY text of ``(key, _)`` items bucketed by vnode, in (vnode, pk) order, in
+        chunks of lines.
 
         (vnode, pk) order makes the heap follow the key index, so snapshot reads (which
         walk that index) touch neighbouring pages. Bucketing by vnode keeps the input
         order inside each bucket, so input already in key order (bulk loads) sorts in
         linear time, and the sort compares keys only.
         """
-        buckets: list[list[tuple[Row, Version]]] = [[] for _ in range(self.schema.vnode_count)]
-        appends = [b.append for b in buckets]
-        for vnode, item in zip(map(self._vnode_of_key, latest), latest.items(), strict=True):
-            appends[vnode](item)
-        fmt = self._format_line
-        live = f"\t{epoch}\tf"
-        dead = f"\t{epoch}\tt"
-        nulls = self._null_row
         by_key = operator.itemgetter(0)
         lines: list[str] = []
         for vn, items in enumerate(buckets):
             if not items:
                 continue
             items.sort(key=by_key)
-            lines += [
-                fmt(vn, k, dead, nulls) if v.deleted else fmt(vn, k, live, v.row) for k, v in items
-            ]
+            lines += lines_of(vn, items)
             if len(lines) >= LINES_PER_CHUNK:
                 yield "".join(lines)
                 lines = []
@@ -765,21 +802,53 @@ class VersionedTable:
                 out[key_of(row)] = row
         return out
 
-    @functools.cached_property
-    def _latest_query(self) -> sql.Composed:
+    def live_keys(
+        self, cur: Any, epoch: int, keys: Sequence[Row], vnodes: Sequence[int]
+    ) -> set[Row]:
+        """Those of ``keys`` (of vnodes ``vnodes``) whose latest version at or before
+        ``epoch`` is live: ``latest_versions`` without the rows (the check of inserts)."""
+        if not keys:
+            return set()
+        columns: list[Any] = [_array_text(ColumnType.SMALLINT, vnodes)]
+        columns += [_array_text(t, [k[i] for k in keys]) for i, t in enumerate(self._pk_types)]
+        cur.execute(self._live_keys_query, [*columns, epoch])
+        return set(map(self.decode_key, cur.fetchall()))
+
+    def _key_arrays(self) -> sql.Composed:
         # the bare type: a collation (text's "C") has no place in a cast and no effect on =
         arrays = [sql.SQL("%s::smallint[]")] + [
             sql.SQL("%s::{}[]").format(sql.SQL(self.schema.column(n).type.sql.split(" COLLATE")[0]))
             for n in self.pk
         ]
+        return sql.SQL("unnest({}) AS k({})").format(
+            sql.SQL(", ").join(arrays), _ids([VNODE, *self.pk])
+        )
+
+    @functools.cached_property
+    def _live_keys_query(self) -> sql.Composed:
         return sql.SQL(
-            "SELECT {cols}, {dl} FROM unnest({arrays}) AS k({kcols}) CROSS JOIN LATERAL "
+            "SELECT {keys} FROM {arrays} WHERE (SELECT NOT v.{dl} FROM {t} v WHERE {match} "
+            "AND v.{ep} <= %s ORDER BY v.{ep} DESC LIMIT 1)"
+        ).format(
+            keys=_ids(self.pk, "k"),
+            arrays=self._key_arrays(),
+            dl=sql.Identifier(DELETED),
+            t=self.ident,
+            match=sql.SQL(" AND ").join(
+                sql.SQL("v.{0} = k.{0}").format(sql.Identifier(c)) for c in [VNODE, *self.pk]
+            ),
+            ep=sql.Identifier(EPOCH),
+        )
+
+    @functools.cached_property
+    def _latest_query(self) -> sql.Composed:
+        return sql.SQL(
+            "SELECT {cols}, {dl} FROM {arrays} CROSS JOIN LATERAL "
             "(SELECT * FROM {t} v WHERE {match} AND v.{ep} <= %s ORDER BY v.{ep} DESC LIMIT 1) x"
         ).format(
             cols=_ids(self.names, "x"),
             dl=sql.Identifier("x", DELETED),
-            arrays=sql.SQL(", ").join(arrays),
-            kcols=_ids([VNODE, *self.pk]),
+            arrays=self._key_arrays(),
             t=self.ident,
             match=sql.SQL(" AND ").join(
                 sql.SQL("v.{0} = k.{0}").format(sql.Identifier(c)) for c in [VNODE, *self.pk]

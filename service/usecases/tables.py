@@ -9,10 +9,11 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import operator
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import psycopg2
 import psycopg2.errors
@@ -36,8 +37,7 @@ from service.errors import BadRequest, Conflict, Gone, Invalid, ServiceError, Ti
 from service.meta.epochs import open_dml_epoch, wait_committed
 
 
-@dataclass(frozen=True)
-class DmlOp:
+class DmlOp(NamedTuple):  # a tuple: a body's 10,000 are made in a fraction of a dataclass's time
     op: str  # insert | update | delete
     row: dict[str, Any]
 
@@ -119,6 +119,9 @@ def drop_table(db: Database, name: str) -> None:
 # (position -> the prefix of an error's message and its details): ``ops[i]`` and the
 # op's index in a JSON body, ``line n`` and the line in a bulk body
 Where = Callable[[int], tuple[str, dict[str, Any]]]
+# an op read against the schema: (position, op, key, row), the row an insert's values in
+# column order (a tuple), an update's columns given (a dict), a delete's nothing ({})
+Parsed = tuple[int, str, Row, Any]
 # ops of a bulk body checked and written together (their keys looked up in one query)
 BULK_BATCH = 20_000
 
@@ -320,8 +323,11 @@ class _DmlWriter:
         self.cur = raw_cursor(s)
         self.delta = 0
 
-    def apply(self, parsed: list[tuple[int, str, Row, dict[str, Any]]], where: Where) -> None:
+    def apply(self, parsed: list[Parsed], where: Where) -> None:
         if not parsed:
+            return
+        if all(op == "insert" for _, op, _, _ in parsed):
+            self._insert(parsed, where)
             return
         names, table = self.names, self.table
         keys = list(dict.fromkeys(k for _, _, k, _ in parsed))
@@ -333,7 +339,7 @@ class _DmlWriter:
             if op == "insert":
                 if current is not None:
                     raise _key_conflict("insert of a key that already exists", position, key, where)
-                state[key] = tuple(row.values())  # an insert's row has every column, in order
+                state[key] = row
             elif current is None:
                 raise _key_conflict(f"{op} of a key that does not exist", position, key, where)
             elif op == "update":
@@ -350,6 +356,22 @@ class _DmlWriter:
         self.delta += sum(row is not None for row in state.values()) - sum(
             row is not None for row in before.values()
         )
+
+    def _insert(self, parsed: list[Parsed], where: Where) -> None:
+        """``apply`` of inserts only (the usual batch): the keys looked up without their
+        rows, each hashed once, and the rows written as they came."""
+        table = self.table
+        keys = [k for _, _, k, _ in parsed]
+        vnodes = list(map(table.vnode_of_key, keys))
+        live = table.live_keys(self.cur, self.epoch, keys, vnodes)
+        if live or len(set(keys)) < len(keys):  # the first op whose key exists, in order
+            seen = set(live)
+            for position, _, key, _ in parsed:
+                if key in seen:
+                    raise _key_conflict("insert of a key that already exists", position, key, where)
+                seen.add(key)
+        table.write_rows(self.cur, self.epoch, keys, [r for *_, r in parsed], vnodes)
+        self.delta += len(parsed)
 
     def finish(self) -> int:
         add_row_count_delta(self.session, self.rel.id, self.epoch, self.delta)
@@ -372,17 +394,18 @@ def wait_readable(db: Database, epoch: int, timeout_s: float) -> None:
         )
 
 
-def _parse_ops(
-    schema: TableSchema, ops: Iterable[tuple[int, DmlOp]], where: Where
-) -> list[tuple[int, str, Row, dict[str, Any]]]:
-    out = []
-    coerce_row, pk, primary_key = schema.coerce_row, schema.pk_of, schema.primary_key
+def _parse_ops(schema: TableSchema, ops: Iterable[tuple[int, DmlOp]], where: Where) -> list[Parsed]:
+    out: list[Parsed] = []
+    coerce_row, primary_key = schema.coerce_row, schema.primary_key
+    pk = _key_getter(primary_key)
+    key_of_values = _key_getter([schema.index_of(n) for n in primary_key])
     coerce_insert = schema.insert_coercer()
+    row: Any
     for position, op in ops:
         try:
             if op.op == "insert":
                 row = coerce_insert(op.row)
-                key = pk(row)
+                key = key_of_values(row)
             elif op.op == "update":
                 row = coerce_row(op.row, full=False)
                 missing = [n for n in primary_key if n not in row]
@@ -399,6 +422,15 @@ def _parse_ops(
             raise Invalid(f"{prefix}: {e.message}", details) from None
         out.append((position, op.op, key, row))
     return out
+
+
+def _key_getter(at: Sequence[Any]) -> Callable[[Any], Row]:
+    """The key of a row by the key columns' names (a dict) or positions (a tuple):
+    ``TableSchema.pk_of`` without a generator per row."""
+    if len(at) == 1:
+        (one,) = at
+        return lambda row: (row[one],)
+    return operator.itemgetter(*at)
 
 
 def readable_epoch(epoch: int | None, committed: int, gc_epoch: int) -> int:

@@ -2,8 +2,8 @@
 
 Random writes (inserts, updates, deletes, several writes of a key in one epoch, several
 batches in one epoch), rollbacks and garbage collections; after every step the
-snapshot at every readable epoch, paginated reads, and the change log of every epoch
-above the GC horizon are compared with the model.
+snapshot at every readable epoch (and its live keys), paginated reads, and the change
+log of every epoch above the GC horizon are compared with the model.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ SCHEMA = TableSchema.build(
 )
 _names = itertools.count()
 
-keys = st.tuples(st.integers(0, 6), st.sampled_from(["", "a", "B", "ab", "é", "z\t"]))
+TEXTS = ["", "a", "B", "ab", "é", "z\t"]
+EVERY_KEY = [(a, b) for a in range(7) for b in TEXTS]
+keys = st.tuples(st.integers(0, 6), st.sampled_from(TEXTS))
 versions = st.lists(
     st.tuples(
         keys,
@@ -78,9 +80,12 @@ def _to_versions(raw: list[tuple[tuple[int, str], bool, int, str | None]]) -> li
 def _check(
     cur: Any, table: VersionedTable, model: StoreModel, epochs: list[int], gc_epoch: int
 ) -> None:
+    vnodes = [table.vnode_of_key(k) for k in EVERY_KEY]
     for e in epochs:
         if e >= gc_epoch:
             assert table.snapshot(cur, e, (0, 8)) == model.snapshot(e), f"snapshot at {e}"
+            live = {table.key_of(r) for _, r in model.snapshot(e)}
+            assert table.live_keys(cur, e, EVERY_KEY, vnodes) == live, f"live keys at {e}"
         if e > gc_epoch:
             assert table.change_log(cur, e, (0, 8)) == model.change_log(e), f"change log of {e}"
     if epochs:
