@@ -141,3 +141,30 @@ def test_dml_right_after_an_import_is_not_hidden_by_its_rows(
         json={"ops": [{"op": "insert", "row": {"id": 12, "customer": "x", "amount": "1.00"}}]},
     )
     assert r.status_code == 409, r.text
+
+
+def test_a_barrier_waits_for_a_held_epoch_only_and_drops_a_passed_one(db: Database) -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from backfill_core.epoch import Epoch
+    from service.meta import epochs
+
+    now = 1_800_000_000_000
+    first = epochs.reserve_hold(db, "import:1", 0, 5_000, now)
+    assert first == Epoch.from_unix_ms(now + 5_000)
+    later = epochs.reserve_hold(db, "import:2", first, 5_000, now)
+    assert later > first  # above the floor given (a table's last import's epoch)
+    with db.transaction() as held:
+        assert epochs.hold_kept(held, "import:1", first)
+        with db.transaction() as barrier:  # one closing an epoch at or past it waits
+            barrier.execute(text("SET LOCAL lock_timeout = '100ms'"))
+            with pytest.raises(OperationalError):
+                epochs.release_holds(barrier, 1, first)
+        with db.transaction() as barrier:  # one closing an earlier epoch does not
+            epochs.release_holds(barrier, 1, first - 1)
+        epochs.drop_hold(held, "import:1")
+    with db.transaction() as barrier:  # a hold nobody holds (a rolled-back one): dropped
+        epochs.release_holds(barrier, 1, later)
+    with db.transaction() as s:
+        assert not epochs.hold_kept(s, "import:2", later)  # passed: reserve again
+        assert s.execute(text("SELECT count(*) FROM epoch_holds")).scalar() == 0
