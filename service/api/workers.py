@@ -425,7 +425,9 @@ def report_import(worker_id: int, import_id: int, body: ImportReport, ctx: Ctx) 
     report = protocol.ImportReport(
         protocol.ImportState(body.state), body.rows, body.error, body.error_code, body.details
     )
-    answer = imports.report(ctx.db, worker_id, import_id, report, ctx.clock())
+    answer = imports.report(
+        ctx.db, worker_id, import_id, report, ctx.clock, ctx.settings.barrier_interval_ms
+    )
     if answer.state is protocol.ImportState.SUCCEEDED:
         ctx.signal.notify()
     return _json(answer)

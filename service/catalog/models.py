@@ -58,6 +58,9 @@ class Relation(Base):
     # the index on _epoch exists (an MV gets it once its backfill is done:
     # service/meta/indexer.py); until then GC leaves the table alone
     epoch_indexed: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
+    # a table's writes go at or above this epoch (its last import's, which may still be
+    # ahead of the open one: service/meta/imports.py)
+    write_floor_epoch: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[dt.datetime] = _now()
 
 
@@ -260,6 +263,18 @@ class SplitProgress(Base):
     num_consumed_rows: Mapped[int] = mapped_column(BigInteger, default=0)
     skipped: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     last_skipped_offset: Mapped[int | None] = mapped_column(BigInteger)
+    epoch: Mapped[int] = mapped_column(BigInteger)
+
+
+class EpochHold(Base):
+    """An epoch ahead of a graph's open one that a publication writes at: the barrier
+    that would close an epoch at or past it waits for the publication, then drops it."""
+
+    __tablename__ = "epoch_holds"
+    graph_id: Mapped[int] = mapped_column(
+        ForeignKey("graphs.id", ondelete="CASCADE"), primary_key=True
+    )
+    holder: Mapped[str] = mapped_column(Text, primary_key=True)  # e.g. "import:12"
     epoch: Mapped[int] = mapped_column(BigInteger)
 
 

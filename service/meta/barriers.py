@@ -3,7 +3,9 @@
 All decisions live in Postgres transactions that lock the graph row, so several
 control-plane replicas can serve collects while one leader injects: a barrier is never
 committed twice or out of order. Table DML holds the same row ``FOR SHARE``, so the
-injection that closes an epoch waits for the DML still writing into it.
+injection that closes an epoch waits for the DML still writing into it; an import
+publishing at an epoch ahead holds that epoch's hold, which the injection closing an
+epoch at or past it waits for (``service.meta.epochs.release_holds``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from backfill_core.epoch import physical_time
 from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
 from service.meta import metrics, sources
-from service.meta.epochs import next_epoch
+from service.meta.epochs import next_epoch, release_holds
 from service.meta.placement import place_unplaced
 from service.meta.sources import Marks
 from state_store.locks import GRAPH_GATE_LOCK
@@ -66,6 +68,7 @@ def inject(
         try_complete(session, graph)  # what a merge hold kept back may commit now
         return None
     prev = graph.current_epoch
+    release_holds(session, graph_id, prev)  # a publication writing at or below it ends first
     curr = next_epoch(prev, now_ms)
     graph.barrier_seq += 1
     if prev == 0:

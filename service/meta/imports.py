@@ -2,17 +2,21 @@
 with the claim), report on it, publish its staged rows at one epoch, and the leader's
 sweep of imports whose worker is gone (what exports share: ``service.meta.claimed``).
 
-Publishing takes the locks of a DML insert in the order that holds the epoch least:
-the table's row first (its DML is serialized: no writer of the table moves under the
-checks), the checks that no staged key exists in the table (the staged keys' latest
-versions, whatever their epoch), then the open epoch ``FOR SHARE`` (the barrier that
-closes it waits from here) and one ``INSERT ... SELECT`` of the staged rows at it. The
-barrier waits for that statement only, not for the Spark job nor the checks.
+Publishing holds no epoch a barrier is about to close: it takes the table's row first
+(its writers are serialized: none moves under the checks), checks that no staged key
+exists in the table (the staged keys' latest versions, whatever their epoch), then
+reserves an epoch ahead of the open one, by the time the ``INSERT ... SELECT`` is
+estimated to take (``service.meta.epochs.reserve_hold``, committed apart), holds it
+``FOR SHARE`` and writes every staged row at it. No committed snapshot sees the rows
+until the first barrier closing an epoch at or past it, which waits for the publication
+only if the estimate was short. Later writes of the table go at or above that epoch
+(``relations.write_floor_epoch``, ``epochs.table_write_epoch``).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -23,13 +27,23 @@ from backfill_core.schema import TableSchema, value_to_json
 from service.catalog.models import Import, Relation
 from service.catalog.queries import add_row_count_delta, storage_of
 from service.db import Database, raw_cursor
-from service.meta import claimed
-from service.meta.epochs import open_dml_epoch
+from service.meta import claimed, epochs
 from state_store import staging
 
 log = logging.getLogger(__name__)
 
 LOST = "the worker running the import was lost"
+# the publication's rate the epoch it writes at is reserved for, on the slow side (the
+# bench's INSERT ... SELECT runs two to three times as fast: bench/RESULTS.md#import): a
+# publication slower than that holds the barrier closing its epoch back for the rest
+PUBLISH_ROWS_PER_S = 50_000
+# a publication's epoch is at least this many barrier intervals ahead of the open one,
+# and at most this far: a DML of the table meanwhile is written at it, and its
+# ``?wait=true`` waits for it (30 s at most: ``service.api.tables``)
+LEAD_BARRIERS = 2
+MAX_LEAD_MS = 20_000
+# reservations tried before giving up (each passed while the previous was being held)
+RESERVE_TRIES = 5
 
 
 def claim(db: Database, worker_id: int) -> ImportTask | None:
@@ -47,18 +61,31 @@ def claim(db: Database, worker_id: int) -> ImportTask | None:
 
 
 def report(
-    db: Database, worker_id: int, import_id: int, r: ImportReport, now_ms: int
+    db: Database,
+    worker_id: int,
+    import_id: int,
+    r: ImportReport,
+    clock: Callable[[], int],
+    barrier_interval_ms: int,
 ) -> ImportReportAnswer:
     """Apply a worker's report on an import it runs: ``succeeded`` publishes the staged
     rows (or fails the import, writing nothing, when a key exists or is staged twice);
     ``failed`` and ``cancelled`` drop the staging table. A report on an import that is
     no longer running on this worker changes nothing but drops the staging table of a
     cancelled one once its worker says it stopped. The answer: the state after it."""
+    staged = r.rows or 0
+    estimate_ms = min(MAX_LEAD_MS, staged * 1000 // PUBLISH_ROWS_PER_S)
+    lead_ms = max(LEAD_BARRIERS * barrier_interval_ms, estimate_ms)
+
+    def reserve(floor: int) -> int:
+        return epochs.reserve_hold(db, _holder(import_id), floor, lead_ms, clock())
+
     with db.transaction() as s:
 
         def ended(x: Import) -> None:
             if r.state is ImportState.SUCCEEDED:
-                _publish(s, x, r.rows or 0, now_ms)
+                _publish(s, x, staged, reserve)
+                epochs.drop_hold(s, _holder(x.id))  # (still locked until the commit)
             else:
                 _finish(s, x, r.state, r.error, r.error_code, r.details)
 
@@ -74,7 +101,11 @@ def _dropped(s: Session, x: Import) -> None:
     _finish(s, x, ImportState.FAILED, f"table {x.relation!r} was dropped", "dropped")
 
 
-def _publish(s: Session, x: Import, staged: int, now_ms: int) -> None:
+def _holder(import_id: int) -> str:
+    return f"import:{import_id}"
+
+
+def _publish(s: Session, x: Import, staged: int, reserve: Callable[[int], int]) -> None:
     rel = (
         s.execute(select(Relation).where(Relation.id == x.relation_id).with_for_update())
         .scalars()
@@ -99,7 +130,7 @@ def _publish(s: Session, x: Import, staged: int, now_ms: int) -> None:
             {"key": found},
         )
         return
-    epoch = open_dml_epoch(s, now_ms)  # from here, the barrier closing it waits
+    epoch = _held_epoch(s, x, rel, reserve)  # a barrier closing it from here waits
     _, at_epoch = table.has_versions(cur, epoch)
     try:
         rows = staging.publish(cur, table, x.staging, epoch, replace=at_epoch)
@@ -118,9 +149,22 @@ def _publish(s: Session, x: Import, staged: int, now_ms: int) -> None:
     if rows != staged:  # an unlogged table loses its rows in a crash of Postgres
         raise RuntimeError(f"import {x.id}: {staged} rows staged but {rows} found")
     add_row_count_delta(s, rel.id, epoch, rows)
+    rel.write_floor_epoch = epoch
     x.epoch = epoch
     _finish(s, x, ImportState.SUCCEEDED, rows=rows)
     log.info("import %s: %s rows published at epoch %s", x.id, rows, epoch)
+
+
+def _held_epoch(s: Session, x: Import, rel: Relation, reserve: Callable[[int], int]) -> int:
+    """An epoch ahead of the open one and of the table's writes, reserved and held
+    ``FOR SHARE`` until the caller commits (a new one when a barrier passed the last)."""
+    floor = rel.write_floor_epoch
+    for _ in range(RESERVE_TRIES):
+        epoch = reserve(floor)
+        if epochs.hold_kept(s, _holder(x.id), epoch):
+            return epoch
+        floor = epoch
+    raise RuntimeError(f"import {x.id}: barriers passed {RESERVE_TRIES} reserved epochs")
 
 
 def _key_json(schema: TableSchema, key: Any) -> list[Any]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from backfill_core.protocol import ImportState
 from backfill_core.protocol.imports import FORMATS
-from service.catalog.models import Import
+from service.catalog.models import CdcTable, Import
 from service.catalog.queries import get_relation
 from service.db import Database
 from service.errors import Conflict
@@ -25,6 +25,13 @@ def create_import(db: Database, name: str, fmt: str, path: str) -> Import:
             raise Conflict(
                 f"{name!r} is a materialized view and is read-only: import into a table",
                 {"name": name},
+            )
+        if s.get(CdcTable, rel.id) is not None:
+            # (its writer would not see the epoch an import publishes at: meta/imports.py)
+            raise Conflict(
+                f"{name!r} mirrors an upstream Postgres table: its rows change only there",
+                {"name": name},
+                code="table_is_mirrored",
             )
         x = Import(
             relation_id=rel.id,

@@ -34,7 +34,7 @@ from service.catalog.queries import (
 from service.clock import Clock
 from service.db import Database, raw_cursor, retry_deadlocks
 from service.errors import BadRequest, Conflict, Gone, Invalid, ServiceError, Timeout
-from service.meta.epochs import open_dml_epoch, wait_committed
+from service.meta.epochs import table_write_epoch, wait_committed
 
 
 class DmlOp(NamedTuple):  # a tuple: a body's 10,000 are made in a fraction of a dataclass's time
@@ -318,7 +318,7 @@ class _DmlWriter:
             )
         self.schema = TableSchema.from_json(self.rel.schema)
         self.names = self.schema.names
-        self.epoch = open_dml_epoch(s, clock())
+        self.epoch = table_write_epoch(s, self.rel, clock())
         self.table = storage_of(self.rel)
         self.cur = raw_cursor(s)
         self.delta = 0

@@ -112,6 +112,9 @@ def test_create_mirrors_the_schema_refuses_dml_and_drop_takes_slot_and_publicati
         headers={"Content-Type": "text/csv"},
     )
     assert r.status_code == 409 and r.json()["error"]["code"] == "table_is_mirrored", r.text
+    r = api.post("/v1/tables/orders/imports", json={"format": "csv", "path": "/tmp/x"})
+    assert r.status_code == 409 and r.json()["error"]["code"] == "table_is_mirrored", r.text
+    assert api.get("/v1/imports").json() == {"imports": []}
     # a second one of the same name: 409, and nothing more upstream
     assert api.post("/v1/tables", json=_pg(upstream)).status_code == 409
     assert _upstream_objects(upstream) == ([pg["slot"]], [pg["publication"]])
