@@ -34,7 +34,10 @@ RATE = 1_000
 
 @pytest.fixture
 def cluster(db: Database, fresh_db_url: str) -> Iterator[tuple[httpx.Client, Worker]]:
-    with running_cluster(db, fresh_db_url, WorkerSettings(spark_mode="never")) as c:
+    # 200 ms barriers: at 50 ms a worker sharing its process (and GIL) with the server
+    # and a writer fell behind the barriers of eleven actors and commits lagged by ~15 s
+    settings = WorkerSettings(spark_mode="never")
+    with running_cluster(db, fresh_db_url, settings, barrier_interval_ms=200) as c:
         yield c
 
 
