@@ -101,7 +101,12 @@ def assert_held_still(http: httpx.Client, job: int, held: dict[str, Any]) -> Non
 def test_rate_limit_0_holds_a_job_still_over_many_commits_and_across_a_rescale(
     db: Database, fresh_db_url: str, kind: str
 ) -> None:
-    with running_cluster(db, fresh_db_url, NO_SPARK, "held") as (http, _):
+    # 200 ms barriers: at 50 ms the snapshot job's creating graph kept a hundred barriers
+    # (some 23 s) uncommitted, the most the meta lets out
+    with running_cluster(db, fresh_db_url, NO_SPARK, "held", barrier_interval_ms=200) as (
+        http,
+        _,
+    ):
         load(http, ROWS)
         with Writer(http, "orders", ROWS, seed=41) as writer:
             # 2 actors at 500 rows/s: some 10 s of backfill, which the hold comes into
