@@ -79,13 +79,36 @@ def _admin(url: str):  # type: ignore[no-untyped-def]
     return conn
 
 
-@pytest.fixture
-def fresh_db_url(pg_server_url: str) -> Iterator[str]:
-    """An empty database of its own for one test, dropped afterwards."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
+@pytest.fixture(scope="session")
+def migrated_template(pg_server_url: str) -> Iterator[str]:
+    """A database migrated once, that the ``db`` fixture's databases are copies of
+    (``CREATE DATABASE ... TEMPLATE``: a migration per test took a few minutes of CI)."""
+    name = f"t_template_{uuid.uuid4().hex[:8]}"
     conn = _admin(pg_server_url)
     with conn.cursor() as cur:
         cur.execute(f'CREATE DATABASE "{name}"')
+    database = Database(make_url(pg_server_url).set(database=name).render_as_string(False))
+    migrate.upgrade(database.engine)
+    database.close()  # a template may have no connection when it is copied
+    try:
+        yield name
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
+
+
+@pytest.fixture
+def fresh_db_url(pg_server_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of its own for one test, dropped afterwards: empty, or migrated when
+    the test uses ``db`` (the same database)."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    template = (
+        request.getfixturevalue("migrated_template") if "db" in request.fixturenames else None
+    )
+    conn = _admin(pg_server_url)
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
     url = make_url(pg_server_url).set(database=name).render_as_string(hide_password=False)
     try:
         yield url
@@ -97,9 +120,8 @@ def fresh_db_url(pg_server_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def db(fresh_db_url: str) -> Iterator[Database]:
-    """A migrated catalog in a fresh database."""
+    """A migrated catalog in a fresh database (a copy of ``migrated_template``)."""
     database = Database(fresh_db_url)
-    migrate.upgrade(database.engine)
     yield database
     database.close()
 
