@@ -6,6 +6,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg2
 import pytest
@@ -79,43 +80,42 @@ def _admin(url: str):  # type: ignore[no-untyped-def]
     return conn
 
 
+@contextmanager
+def _database(server_url: str, name: str, template: str | None = None) -> Iterator[str]:
+    """Database ``name`` on the server (a copy of ``template``), dropped afterwards: its
+    URL."""
+    conn = _admin(server_url)
+    with conn.cursor() as cur:
+        cur.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+    try:
+        yield make_url(server_url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with conn.cursor() as cur:
+            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.close()
+
+
 @pytest.fixture(scope="session")
 def migrated_template(pg_server_url: str) -> Iterator[str]:
     """A database migrated once, that the ``db`` fixture's databases are copies of
     (``CREATE DATABASE ... TEMPLATE``: a migration per test took a few minutes of CI)."""
     name = f"t_template_{uuid.uuid4().hex[:8]}"
-    conn = _admin(pg_server_url)
-    with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"')
-    database = Database(make_url(pg_server_url).set(database=name).render_as_string(False))
-    migrate.upgrade(database.engine)
-    database.close()  # a template may have no connection when it is copied
-    try:
+    with _database(pg_server_url, name) as url:
+        database = Database(url)
+        migrate.upgrade(database.engine)
+        database.close()  # a template may have no connection when it is copied
         yield name
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.close()
 
 
 @pytest.fixture
 def fresh_db_url(pg_server_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
     """A database of its own for one test, dropped afterwards: empty, or migrated when
     the test uses ``db`` (the same database)."""
-    name = f"t_{uuid.uuid4().hex[:16]}"
     template = (
         request.getfixturevalue("migrated_template") if "db" in request.fixturenames else None
     )
-    conn = _admin(pg_server_url)
-    with conn.cursor() as cur:
-        cur.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
-    url = make_url(pg_server_url).set(database=name).render_as_string(hide_password=False)
-    try:
+    with _database(pg_server_url, f"t_{uuid.uuid4().hex[:16]}", template) as url:
         yield url
-    finally:
-        with conn.cursor() as cur:
-            cur.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.close()
 
 
 @pytest.fixture

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 from backfill_core.protocol import ImportState
 from backfill_core.protocol.imports import FORMATS
-from service.catalog.models import CdcTable, Import
+from service.catalog.models import Import
 from service.catalog.queries import get_relation
 from service.db import Database
 from service.errors import Conflict
 from service.usecases import claimed
 from service.usecases.claimed import check_format, check_path
+from service.usecases.tables import refuse_mirrored
 
 
 def create_import(db: Database, name: str, fmt: str, path: str) -> Import:
@@ -26,13 +27,7 @@ def create_import(db: Database, name: str, fmt: str, path: str) -> Import:
                 f"{name!r} is a materialized view and is read-only: import into a table",
                 {"name": name},
             )
-        if s.get(CdcTable, rel.id) is not None:
-            # (its writer would not see the epoch an import publishes at: meta/imports.py)
-            raise Conflict(
-                f"{name!r} mirrors an upstream Postgres table: its rows change only there",
-                {"name": name},
-                code="table_is_mirrored",
-            )
+        refuse_mirrored(s, rel)
         x = Import(
             relation_id=rel.id,
             relation=rel.name,

@@ -301,6 +301,17 @@ def _check_finite(
         )
 
 
+def refuse_mirrored(s: Any, rel: Relation) -> None:
+    """409 ``table_is_mirrored`` for a CDC table: only its worker writes it (DML and
+    imports would not see the epochs it writes at)."""
+    if s.get(CdcTable, rel.id) is not None:
+        raise Conflict(
+            f"{rel.name!r} mirrors an upstream Postgres table: its rows change only there",
+            {"name": rel.name},
+            code="table_is_mirrored",
+        )
+
+
 class _DmlWriter:
     """The DML of one transaction into one table at the open epoch: ops are applied in
     batches, each checked against the rows the earlier ones left."""
@@ -310,12 +321,7 @@ class _DmlWriter:
         self.rel = get_relation(s, name, lock=True)  # DML on one table is serialized; drop waits
         if self.rel.kind != "table":
             raise Conflict(f"{name!r} is a materialized view and is read-only", {"name": name})
-        if s.get(CdcTable, self.rel.id) is not None:
-            raise Conflict(
-                f"{name!r} mirrors an upstream Postgres table: its rows change only there",
-                {"name": name},
-                code="table_is_mirrored",
-            )
+        refuse_mirrored(s, self.rel)
         self.schema = TableSchema.from_json(self.rel.schema)
         self.names = self.schema.names
         self.epoch = table_write_epoch(s, self.rel, clock())
