@@ -397,11 +397,16 @@ def try_complete(session: Session, graph: Graph) -> int | None:
     return committed
 
 
+KEEP_COMMITTED = 200  # committed barriers kept per graph for the API's history
+
+
 def trim_history(
-    session: Session, graph_id: int, keep: int = 200, keep_after: int | None = None
+    session: Session, graph_id: int, keep: int | None = None, keep_after: int | None = None
 ) -> int:
-    """Drop committed barriers (and their collects) beyond the newest ``keep``; never
-    one closing an epoch after ``keep_after`` (a snapshot backfill still replays it)."""
+    """Drop committed barriers (and their collects) beyond the newest ``keep``
+    (``KEEP_COMMITTED``); never one closing an epoch after ``keep_after`` (a snapshot
+    backfill still replays it)."""
+    keep = KEEP_COMMITTED if keep is None else keep
     cutoff = session.execute(
         select(Barrier.curr_epoch)
         .where(Barrier.graph_id == graph_id, Barrier.state == "committed")
