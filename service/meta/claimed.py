@@ -13,9 +13,10 @@ from typing import TypeVar
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from backfill_core.protocol import ErrorCode, TaskState
+from backfill_core.protocol import TaskState
 from service.catalog.models import Export, Import, Relation, Worker
-from service.errors import Gone, NotFound
+from service.errors import NotFound
+from service.meta.worker_errors import unknown_worker, worker_gone
 
 Row = TypeVar("Row", Export, Import)
 
@@ -23,17 +24,9 @@ Row = TypeVar("Row", Export, Import)
 def check_alive(s: Session, worker_id: int) -> None:
     state = s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar_one_or_none()
     if state is None:
-        raise NotFound(
-            f"worker {worker_id} is not registered",
-            {"worker_id": worker_id},
-            code=ErrorCode.UNKNOWN_WORKER,
-        )
+        raise unknown_worker(worker_id)
     if state != "alive":
-        raise Gone(
-            f"worker {worker_id} was declared {state}: register again",
-            {"worker_id": worker_id},
-            code=ErrorCode.WORKER_GONE,
-        )
+        raise worker_gone(worker_id, state)
 
 
 def claim_oldest(

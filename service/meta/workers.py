@@ -36,12 +36,13 @@ from service.catalog.models import (
     Worker,
 )
 from service.db import Database, json_text, retry_deadlocks
-from service.errors import Conflict, Gone, NotFound
+from service.errors import Conflict
 from service.meta import failures
 from service.meta.barriers import CollectResult, lock_graph, try_complete
 from service.meta.recovery import request_recovery
 from service.meta.signal import BarrierSignal
 from service.meta.sources import epoch_ranges
+from service.meta.worker_errors import unknown_worker, worker_gone
 from service.settings import Settings
 
 RECHECK_S = 0.05
@@ -64,17 +65,9 @@ def _alive(s: Session, worker_id: int, lease_ms: int) -> Worker:
         select(Worker).where(Worker.id == worker_id).with_for_update()
     ).scalar_one_or_none()
     if w is None:
-        raise NotFound(
-            f"worker {worker_id} is not registered",
-            {"worker_id": worker_id},
-            code=ErrorCode.UNKNOWN_WORKER,
-        )
+        raise unknown_worker(worker_id)
     if w.state != "alive":
-        raise Gone(
-            f"worker {worker_id} was declared {w.state}: register again",
-            {"worker_id": worker_id},
-            code=ErrorCode.WORKER_GONE,
-        )
+        raise worker_gone(worker_id, w.state)
     w.lease_expires_at = _lease(lease_ms)
     w.last_heartbeat_at = dt.datetime.now(dt.UTC)
     return w
@@ -105,11 +98,7 @@ def report_failure(
     with db.transaction() as s:
         w = s.get(Worker, worker_id)
         if w is None:
-            raise NotFound(
-                f"worker {worker_id} is not registered",
-                {"worker_id": worker_id},
-                code=ErrorCode.UNKNOWN_WORKER,
-            )
+            raise unknown_worker(worker_id)
         if report.cause_actor_id is not None:
             failures.on_actor_failure(
                 s,
@@ -466,22 +455,14 @@ def collect(db: Database, worker_id: int, items: list[CollectRequest]) -> list[C
             row = found.get(item.actor_id)
             if row is None or row.worker_id != worker_id:
                 if s.execute(select(Worker.state).where(Worker.id == worker_id)).scalar() is None:
-                    raise NotFound(
-                        f"worker {worker_id} is not registered",
-                        {"worker_id": worker_id},
-                        code=ErrorCode.UNKNOWN_WORKER,
-                    )
+                    raise unknown_worker(worker_id)
                 raise Conflict(
                     f"actor {item.actor_id} is not assigned to worker {worker_id}",
                     {"actor_id": item.actor_id},
                     code=ErrorCode.ACTOR_NOT_ASSIGNED,
                 )
             if row.worker_state != "alive":
-                raise Gone(
-                    f"worker {worker_id} was declared {row.worker_state}: register again",
-                    {"worker_id": worker_id},
-                    code=ErrorCode.WORKER_GONE,
-                )
+                raise worker_gone(worker_id, row.worker_state)
         # lock graphs in id order: concurrent batches never deadlock
         graphs = {g: lock_graph(s, g) for g in sorted({r.graph_id for r in found.values()})}
         for item in items:
