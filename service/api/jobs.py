@@ -408,7 +408,8 @@ def progress(job_id: int, ctx: Ctx, request: Request) -> Response:
             )
             for f in p.failures
         ],
-        cdc=_cdc_progress(ctx, job_id),
+        # a second read for a CDC table's job only: dashboards poll this route
+        cdc=_cdc_progress(ctx, job_id) if p.kind == "cdc" else None,
     )
     return conditional(request, body)
 

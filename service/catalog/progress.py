@@ -78,6 +78,7 @@ class ProgressSnapshot:
     """Everything a progress read needs, read in one statement."""
 
     job_id: int
+    kind: str
     state: str
     snapshot_epoch: int | None
     vnodes: list[VnodeRow]
@@ -94,7 +95,7 @@ class ProgressSnapshot:
 
 _PROGRESS = text(
     f"""
-    SELECT j.state, j.snapshot_epoch, j.error, g.kind AS graph_kind,
+    SELECT j.kind, j.state, j.snapshot_epoch, j.error, g.kind AS graph_kind,
       g.committed_epoch, g.current_epoch, m.committed_epoch AS main_committed,
       p.job_id IS NOT NULL AS kept, p.consumed_rows, p.rows_per_s, p.total_estimate,
       (SELECT c.reltuples FROM pg_class c
@@ -159,6 +160,7 @@ def progress_snapshot(db: Database, job_id: int) -> ProgressSnapshot:
     )
     return ProgressSnapshot(
         job_id=job_id,
+        kind=row.kind,
         state=row.state,
         snapshot_epoch=row.snapshot_epoch,
         vnodes=[VnodeRow(*v) for v in row.vnodes],

@@ -28,6 +28,7 @@ Phase = Literal[
 @dataclass(frozen=True)
 class JobProgressReport:
     job_id: int
+    kind: str
     state: str
     phase: Phase
     rows: int  # consumed as of the committed epoch; never goes back
@@ -74,6 +75,7 @@ def report(snap: ProgressSnapshot) -> JobProgressReport:
     percent, eta = completion(consumed, total, rate, done)
     return JobProgressReport(
         job_id=snap.job_id,
+        kind=snap.kind,
         state=snap.state,
         phase=_phase(snap, done),
         rows=consumed,

@@ -202,3 +202,32 @@ def test_a_page_of_jobs_costs_the_same_queries_whatever_its_size(
         for i in range(6):
             make_job(db, f"more_{i}", parallelism=1)
         assert listed(7) == one
+
+
+def test_the_progress_of_a_job_is_one_statement(db: Database, fresh_db_url: str) -> None:
+    """Dashboards poll the progress route: a job that is no CDC table's is read in one
+    statement (the CDC section's read is for CDC jobs only; it doubled p50 under polling,
+    bench/HISTORY.md)."""
+    from sqlalchemy import event
+
+    from tests.kit.meta import make_job, manual_api
+
+    statements: list[str] = []
+
+    def count(_conn: Any, _cur: Any, statement: str, *_: Any) -> None:
+        statements.append(statement)
+
+    with manual_api(db, fresh_db_url) as (client, _):
+        job = make_job(db, "polled", parallelism=2)
+        client.get(f"/v1/jobs/{job}/progress")  # the first request reads what the app caches
+        statements.clear()
+        engines = (db.engine, db.readers)  # transactions, and single reads (first_alone)
+        for engine in engines:
+            event.listen(engine, "before_cursor_execute", count)
+        try:
+            r = client.get(f"/v1/jobs/{job}/progress")
+        finally:
+            for engine in engines:
+                event.remove(engine, "before_cursor_execute", count)
+        assert r.status_code == 200 and r.json()["cdc"] is None, r.text
+        assert len(statements) == 1, statements
