@@ -183,6 +183,7 @@ class VersionedTable:
         self._null_row = (None,) * len(schema.columns)
         self._decode = row_decoder(types)
         self._decode_values = row_decoder([schema.column(n).type for n in self.values])
+        self._change_log_texts: dict[bool, str] = {}  # by whether vnodes are a range
         self.decode_key = row_decoder(list(schema.pk_types))
         self._pk_types = list(schema.pk_types)
 
@@ -730,38 +731,12 @@ class VersionedTable:
         ``vnodes`` is a half-open range ``(lo, hi)`` or a list of vnodes. The old row is
         the key's latest version at or below ``after``; the new one its latest in the range.
         """
-        if isinstance(vnodes, tuple) and len(vnodes) == 2:
-            vcond = sql.SQL("{vn} >= %s AND {vn} < %s").format(vn=sql.Identifier(VNODE))
-            vparams: list[Any] = [vnodes[0], vnodes[1]]
-        else:
-            vcond = sql.SQL("{vn} = ANY(%s)").format(vn=sql.Identifier(VNODE))
-            vparams = [list(vnodes)]
-        key = [VNODE, *self.pk]
-        match = sql.SQL(" AND ").join(
-            sql.SQL("o.{0} = n.{0}").format(sql.Identifier(c)) for c in key
-        )
-        old_vals = (sql.SQL(", ") + _ids(self.values, "o")) if self.values else sql.SQL("")
-        q = sql.SQL(
-            "SELECT n.{vn}, {ncols}, n.{dl}, (o.{ep} IS NOT NULL AND NOT o.{dl}){ov} "
-            "FROM (SELECT DISTINCT ON ({key}) * FROM {t} WHERE {ep} > %s AND {ep} <= %s AND {vcond} "
-            "ORDER BY {key}, {ep} DESC) n "
-            "LEFT JOIN LATERAL (SELECT {ep}, {dl}{ovsel} FROM {t} o WHERE {match} "
-            "AND o.{ep} <= %s ORDER BY o.{ep} DESC LIMIT 1) o ON true "
-            "ORDER BY {nkey}"
-        ).format(
-            vn=sql.Identifier(VNODE),
-            ncols=_ids(self.names, "n"),
-            dl=sql.Identifier(DELETED),
-            ep=sql.Identifier(EPOCH),
-            ov=old_vals,
-            key=_ids(key),
-            t=self.ident,
-            vcond=vcond,
-            ovsel=(sql.SQL(", ") + _ids(self.values)) if self.values else sql.SQL(""),
-            match=match,
-            nkey=_ids(key, "n"),
-        )
-        cur.execute(q, [after, upto, *vparams, after])
+        ranged = isinstance(vnodes, tuple) and len(vnodes) == 2
+        vparams: list[Any] = [vnodes[0], vnodes[1]] if ranged else [list(vnodes)]
+        text = self._change_log_texts.get(ranged)
+        if text is None:  # composed once: it cost several round trips' time a barrier
+            text = self._change_log_texts[ranged] = self._change_log_query(ranged).as_string(cur)
+        cur.execute(text, [after, upto, *vparams, after])
         n_cols = len(self.names)
         out: list[RowChange] = []
         for r in cur.fetchall():
@@ -783,6 +758,38 @@ class VersionedTable:
             else:
                 out.append(RowChange(Op.UPDATE, vnode, old, new))
         return out
+
+    def _change_log_query(self, ranged: bool) -> sql.Composed:
+        """``change_log_range``'s statement, for a range of vnodes or a list."""
+        if ranged:
+            vcond = sql.SQL("{vn} >= %s AND {vn} < %s").format(vn=sql.Identifier(VNODE))
+        else:
+            vcond = sql.SQL("{vn} = ANY(%s)").format(vn=sql.Identifier(VNODE))
+        key = [VNODE, *self.pk]
+        match = sql.SQL(" AND ").join(
+            sql.SQL("o.{0} = n.{0}").format(sql.Identifier(c)) for c in key
+        )
+        old_vals = (sql.SQL(", ") + _ids(self.values, "o")) if self.values else sql.SQL("")
+        return sql.SQL(
+            "SELECT n.{vn}, {ncols}, n.{dl}, (o.{ep} IS NOT NULL AND NOT o.{dl}){ov} "
+            "FROM (SELECT DISTINCT ON ({key}) * FROM {t} WHERE {ep} > %s AND {ep} <= %s AND {vcond} "
+            "ORDER BY {key}, {ep} DESC) n "
+            "LEFT JOIN LATERAL (SELECT {ep}, {dl}{ovsel} FROM {t} o WHERE {match} "
+            "AND o.{ep} <= %s ORDER BY o.{ep} DESC LIMIT 1) o ON true "
+            "ORDER BY {nkey}"
+        ).format(
+            vn=sql.Identifier(VNODE),
+            ncols=_ids(self.names, "n"),
+            dl=sql.Identifier(DELETED),
+            ep=sql.Identifier(EPOCH),
+            ov=old_vals,
+            key=_ids(key),
+            t=self.ident,
+            vcond=vcond,
+            ovsel=(sql.SQL(", ") + _ids(self.values)) if self.values else sql.SQL(""),
+            match=match,
+            nkey=_ids(key, "n"),
+        )
 
     def latest_versions(self, cur: Any, epoch: int, keys: Sequence[Row]) -> dict[Row, Row]:
         """The rows visible at ``epoch`` for the given primary keys (absent keys omitted).
