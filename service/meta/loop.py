@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import threading
 import time
 
@@ -47,10 +46,6 @@ REQUESTED_ROUND_GAP_S = 0.02
 # with the upstream's in time, only in kind and order (docs/architecture.md#snapshot-backfill).
 MAIN = frozenset({"main"})
 CREATING = frozenset({"creating"})
-# leases, orphans and the sweeps of exports and imports in the regular main rounds: at
-# most every half second, whatever the interval. Leases last seconds; at 100 ms barriers
-# these looks were a quarter of the idle loop's time (bench/HISTORY.md, 2026-11-28 10:30)
-LEASES_EVERY_S = 0.5
 # a snapshot backfill's phase-1 barriers (its fake epochs) in the regular rounds: at
 # most one a second, whatever the interval. They only report reads and checkpoint their
 # positions; at 100 ms they cost its reads a third of their speed on two cores (the
@@ -82,7 +77,6 @@ class MetaLoop:
         self.is_leader = threading.Event()
         self.ticks = 0
         self.creating_rounds = 0  # regular rounds of the creating graphs (``run``)
-        self.leases_checked_at = -math.inf  # monotonic time of the last ``_expire_workers``
         # off this thread: a large MV's epoch index, or a large GC, takes a while
         self.indexer = EpochIndexer(db)
         self.index_chore = Chore(
@@ -149,8 +143,7 @@ class MetaLoop:
     ) -> None:
         """One round of the leader's duties for the graphs of ``kinds`` (tests call it
         directly, for every graph). Workers, orphans and history are looked after in
-        the rounds that include the main graph (leases in regular ones at most every
-        ``LEASES_EVERY_S``). ``regular``: a round at the interval,
+        the rounds that include the main graph. ``regular``: a round at the interval,
         not one asked for (``PHASE1_EVERY_MS``). ``asked``: a round asked for, whose
         barriers go out before the workers' leases are looked at (it answers a worker
         waiting for them; an orphan it finds is recovered a round later)."""
@@ -160,7 +153,7 @@ class MetaLoop:
             every = max(1, -(-PHASE1_EVERY_MS // self.settings.barrier_interval_ms))
             phase1_due = self.creating_rounds % every == 0
             self.creating_rounds += 1
-        if "main" in kinds and not asked and not (regular and self._leases_checked_lately()):
+        if "main" in kinds and not asked:
             self._expire_workers()
         with self.db.transaction() as s:
             graphs = list(
@@ -186,11 +179,7 @@ class MetaLoop:
                 sources.trim(s)
             self.gc_chore.wake()
 
-    def _leases_checked_lately(self) -> bool:
-        return time.monotonic() - self.leases_checked_at < LEASES_EVERY_S
-
     def _expire_workers(self) -> None:
-        self.leases_checked_at = time.monotonic()
         with self.db.transaction() as s:
             recovery.expire_workers(s)
             orphaned = recovery.graphs_with_orphans(s)
