@@ -138,22 +138,18 @@ class MetaLoop:
 
     # ticks ----------------------------------------------------------------
 
-    def tick(
-        self, kinds: frozenset[str] = MAIN | CREATING, *, regular: bool = False, asked: bool = False
-    ) -> None:
+    def tick(self, kinds: frozenset[str] = MAIN | CREATING, *, regular: bool = False) -> None:
         """One round of the leader's duties for the graphs of ``kinds`` (tests call it
         directly, for every graph). Workers, orphans and history are looked after in
         the rounds that include the main graph. ``regular``: a round at the interval,
-        not one asked for (``PHASE1_EVERY_MS``). ``asked``: a round asked for, whose
-        barriers go out before the workers' leases are looked at (it answers a worker
-        waiting for them; an orphan it finds is recovered a round later)."""
+        not one asked for (``PHASE1_EVERY_MS``)."""
         now = self.clock()
         phase1_due = True
         if regular and "creating" in kinds:
             every = max(1, -(-PHASE1_EVERY_MS // self.settings.barrier_interval_ms))
             phase1_due = self.creating_rounds % every == 0
             self.creating_rounds += 1
-        if "main" in kinds and not asked:
+        if "main" in kinds:
             self._expire_workers()
         with self.db.transaction() as s:
             graphs = list(
@@ -166,8 +162,6 @@ class MetaLoop:
         self.signal.notify()
         if "main" not in kinds:
             return
-        if asked:
-            self._expire_workers()
         self.index_chore.wake()  # a job created since the last round may want its index
         self.ticks += 1
         if self.ticks % GC_EVERY_TICKS == 0:
@@ -241,7 +235,7 @@ class MetaLoop:
                         # e.g. a new job's actors (or a pause, a new rate) ride the next
                         # main barrier: it goes out now, not up to an interval later; the
                         # regular rounds keep their times
-                        self.tick(requested, asked=True)
+                        self.tick(requested)
                     else:
                         self.tick(MAIN if rounds % 2 == 0 else CREATING, regular=True)
                         rounds += 1
