@@ -33,11 +33,8 @@ LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
 INDEXER_EVERY_S = 5.0  # besides every main round's wake: a missed one is not lost
 INDEXER_GAP_S = 0.2  # at most five looks a second for MVs whose index is due
-# between the rounds run at once when asked for (``BarrierSignal.request_barrier``):
-# requests meanwhile share the next one. A snapshot job ends in a chain of them (the
-# barrier of its last reads, the one ending phase 1, its replay, the merge), each asked
-# for by the collect of the last, and at 50 ms each waited out most of the gap
-REQUESTED_ROUND_GAP_S = 0.02
+# between the rounds run at once when asked for (``BarrierSignal.request_barrier``)
+REQUESTED_ROUND_GAP_S = 0.05
 # ``run`` injects the main graph's barriers and the creating graphs' at alternate half
 # intervals. Injected together, every worker woke at once: a snapshot backfill's epoch
 # of reads ran exactly when the upstream's actors handled their barrier, and on a
