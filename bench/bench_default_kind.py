@@ -26,8 +26,8 @@ from service.settings import Settings
 from tests.kit.auth import http_client
 from tests.kit.live import live_server
 
-# five, not three: a 400k-row view takes about half a second, and on a shared VM single
-# runs (and the baseline's) moved by 20-50% (bench/HISTORY.md, 2026-11-28 10:30)
+# five, not three: a view this small takes about a second, and on a shared VM single runs
+# (the baseline's too) move more than the targets' margins (bench/HISTORY.md, 2026-11-28 10:30)
 ROUNDS = 5
 
 
