@@ -294,34 +294,58 @@ function placement(jobId) {
   return on.length ? on.map(([name, n]) => `${name} (${n})`).join(", ") : undefined;
 }
 
+// Rows are kept and updated in place, never rebuilt: a row replaced by the poll between a
+// click's press and release would swallow the click.
 function renderList(jobs, progress) {
   const body = $("jobs-body");
-  body.replaceChildren(
-    ...jobs.map((job, i) => {
-      const p = progress[i];
-      const percent = p ? p.percent : job.state === "created" ? 100 : 0;
-      const bar = el("progress", { max: "100", "aria-label": `Progress of ${job.name}` });
-      const known = !(p && job.state === "creating" && !estimated(p));
-      if (known) bar.value = percent;
-      return el(
-        "tr",
-        { "data-job-id": String(job.id) },
-        el("td", {}, el("a", { href: `#/jobs/${job.id}`, text: job.name })),
-        el("td", { text: job.kind }),
-        el("td", {}, el("span", { class: `badge ${job.state}`, text: job.state })),
-        el("td", { text: job.paused ? "yes" : "no" }),
-        el(
-          "td",
-          {},
-          el("div", { class: "cell-progress" }, bar, el("span", { class: "num", text: known ? `${percent.toFixed(1)}%` : "…" })),
-        ),
-        el("td", { class: "num", text: p ? fmtInt(p.rows) : "–" }),
-      );
-    }),
-  );
+  const kept = new Map([...body.children].map((tr) => [tr.dataset.jobId, tr]));
+  const rows = jobs.map((job, i) => {
+    const row = kept.get(String(job.id)) || newJobRow(job);
+    updateJobRow(row, job, progress[i]);
+    return row;
+  });
+  const sameOrder = rows.length === body.children.length && rows.every((row, i) => body.children[i] === row);
+  if (!sameOrder) body.replaceChildren(...rows);
   $("jobs-empty").hidden = jobs.length > 0;
   $("next-page").hidden = state.next === null;
   $("first-page").hidden = state.pages.length <= 1;
+}
+
+function newJobRow(job) {
+  return el(
+    "tr",
+    { "data-job-id": String(job.id) },
+    el("td", {}, el("a", { href: `#/jobs/${job.id}`, text: job.name })),
+    el("td", { text: job.kind }),
+    el("td", {}, el("span", {})),
+    el("td", {}),
+    el(
+      "td",
+      {},
+      el("div", { class: "cell-progress" }, el("progress", { max: "100", "aria-label": `Progress of ${job.name}` }), el("span", { class: "num" })),
+    ),
+    el("td", { class: "num" }),
+  );
+}
+
+// sets a text only when it changed: an unchanged cell is left alone
+function setText(node, text) {
+  if (node.textContent !== text) node.textContent = text;
+}
+
+function updateJobRow(row, job, p) {
+  const [, , stateCell, pausedCell, progressCell, rowsCell] = row.children;
+  const badge = stateCell.firstChild;
+  badge.className = `badge ${job.state}`;
+  setText(badge, job.state);
+  setText(pausedCell, job.paused ? "yes" : "no");
+  const percent = p ? p.percent : job.state === "created" ? 100 : 0;
+  const known = !(p && job.state === "creating" && !estimated(p));
+  const bar = progressCell.querySelector("progress");
+  if (known) bar.value = percent;
+  else bar.removeAttribute("value"); // indeterminate
+  setText(progressCell.querySelector("span"), known ? `${percent.toFixed(1)}%` : "…");
+  setText(rowsCell, p ? fmtInt(p.rows) : "–");
 }
 
 // ---------------------------------------------------------------- one job

@@ -105,7 +105,16 @@ def test_dashboard_shows_and_steers_a_running_job(
     expect(row).to_contain_text("arrangement")
     expect(row).to_contain_text("creating")
     expect(page.get_by_role("status")).to_have_text("live")
-    wait_progress_grows(page.get_by_role("progressbar", name="Progress of dash_orders"), "list")
+    list_bar = page.get_by_role("progressbar", name="Progress of dash_orders")
+    wait_progress_grows(list_bar, "list")
+
+    # the poll updates the row in place: a link replaced between a click's press and
+    # release would swallow the click
+    link = page.get_by_role("link", name="dash_orders")
+    link.evaluate("a => { window.linkBeforePoll = a; }")
+    before = progress_value(list_bar)
+    wait_for(lambda: progress_value(list_bar) > before, timeout=60, what="list polled again")
+    assert link.evaluate("a => a === window.linkBeforePoll && a.isConnected")
 
     # the job view: progress, a heatmap cell per vnode, a sparkline, the details
     page.get_by_role("link", name="dash_orders").click()
