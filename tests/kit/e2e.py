@@ -106,7 +106,10 @@ class Writer:
         self.batches += 1
 
 
-def load(http: httpx.Client, n: int) -> None:
+def load(http: httpx.Client, n: int, *, committed: bool = True) -> None:
+    """Create ``orders`` with ``n`` rows, committed when it returns unless ``committed`` is
+    false: a snapshot job created next reads them all at its snapshot epoch (the last
+    committed one; rows not committed yet would reach it only through phase 2's replay)."""
     r = http.post(
         "/v1/tables",
         json={
@@ -125,7 +128,9 @@ def load(http: httpx.Client, n: int) -> None:
             {"op": "insert", "row": {"id": i, "amount": i % 100, "note": f"n{i}"}}
             for i in range(lo, min(n, lo + 5000))
         ]
-        assert http.post("/v1/tables/orders/dml", json={"ops": ops}).status_code == 200
+        params = {"wait": "true"} if committed and lo + 5000 >= n else {}
+        r = http.post("/v1/tables/orders/dml", params=params, json={"ops": ops})
+        assert r.status_code == 200, r.text
 
 
 @contextmanager
