@@ -222,7 +222,8 @@ class ActorRunner:
         """Nothing held outside the store's connection, which is the worker's."""
 
     def on_barrier(self, conn: Any, message: BarrierMessage) -> CollectRequest:
-        """Complete the closing epoch (write its changes) and return the collect."""
+        """Complete the closing epoch (write its changes) and return the collect, in the
+        caller's transaction: the worker commits once it handled the actor's barriers."""
         barrier = message.barrier
         ex = self.executor
         with conn.cursor() as cur:
@@ -247,7 +248,6 @@ class ActorRunner:
                     Version(mc.new) if mc.new is not None else Version(mc.row, deleted=True)
                 )
             self.mv.write(cur, out.write_epoch, versions)
-        conn.commit()
         return CollectRequest(
             self.actor_id,
             self.recovery_seq,

@@ -387,6 +387,9 @@ class Worker:
             try:
                 for b in barriers:
                     collects.append(runner.on_barrier(self.conn, b))
+                # one commit for the actor's barriers of this poll: a log store's replay
+                # brings a barrier per upstream epoch, each committed on its own before
+                self.conn.commit()
             except Exception as e:
                 if not self.forget_if_dropped([a.actor_id]):
                     cause = _cause([runner], e)

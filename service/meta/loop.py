@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 
@@ -33,8 +34,11 @@ LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
 INDEXER_EVERY_S = 5.0  # besides every main round's wake: a missed one is not lost
 INDEXER_GAP_S = 0.2  # at most five looks a second for MVs whose index is due
-# between the rounds run at once when asked for (``BarrierSignal.request_barrier``)
-REQUESTED_ROUND_GAP_S = 0.05
+# between the rounds run at once when asked for (``BarrierSignal.request_barrier``):
+# requests meanwhile share the next one. A snapshot job ends in a chain of them (the
+# barrier of its last reads, the one ending phase 1, its replay, the merge), each asked
+# for by the collect of the last, and at 50 ms each waited out most of the gap
+REQUESTED_ROUND_GAP_S = 0.02
 # ``run`` injects the main graph's barriers and the creating graphs' at alternate half
 # intervals. Injected together, every worker woke at once: a snapshot backfill's epoch
 # of reads ran exactly when the upstream's actors handled their barrier, and on a
@@ -43,6 +47,10 @@ REQUESTED_ROUND_GAP_S = 0.05
 # with the upstream's in time, only in kind and order (docs/architecture.md#snapshot-backfill).
 MAIN = frozenset({"main"})
 CREATING = frozenset({"creating"})
+# leases, orphans and the sweeps of exports and imports in the regular main rounds: at
+# most every half second, whatever the interval. Leases last seconds; at 100 ms barriers
+# these looks were a quarter of the idle loop's time (bench/HISTORY.md, 2026-11-28 10:30)
+LEASES_EVERY_S = 0.5
 # a snapshot backfill's phase-1 barriers (its fake epochs) in the regular rounds: at
 # most one a second, whatever the interval. They only report reads and checkpoint their
 # positions; at 100 ms they cost its reads a third of their speed on two cores (the
@@ -74,6 +82,7 @@ class MetaLoop:
         self.is_leader = threading.Event()
         self.ticks = 0
         self.creating_rounds = 0  # regular rounds of the creating graphs (``run``)
+        self.leases_checked_at = -math.inf  # monotonic time of the last ``_expire_workers``
         # off this thread: a large MV's epoch index, or a large GC, takes a while
         self.indexer = EpochIndexer(db)
         self.index_chore = Chore(
@@ -135,18 +144,23 @@ class MetaLoop:
 
     # ticks ----------------------------------------------------------------
 
-    def tick(self, kinds: frozenset[str] = MAIN | CREATING, *, regular: bool = False) -> None:
+    def tick(
+        self, kinds: frozenset[str] = MAIN | CREATING, *, regular: bool = False, asked: bool = False
+    ) -> None:
         """One round of the leader's duties for the graphs of ``kinds`` (tests call it
         directly, for every graph). Workers, orphans and history are looked after in
-        the rounds that include the main graph. ``regular``: a round at the interval,
-        not one asked for (``PHASE1_EVERY_MS``)."""
+        the rounds that include the main graph (leases in regular ones at most every
+        ``LEASES_EVERY_S``). ``regular``: a round at the interval,
+        not one asked for (``PHASE1_EVERY_MS``). ``asked``: a round asked for, whose
+        barriers go out before the workers' leases are looked at (it answers a worker
+        waiting for them; an orphan it finds is recovered a round later)."""
         now = self.clock()
         phase1_due = True
         if regular and "creating" in kinds:
             every = max(1, -(-PHASE1_EVERY_MS // self.settings.barrier_interval_ms))
             phase1_due = self.creating_rounds % every == 0
             self.creating_rounds += 1
-        if "main" in kinds:
+        if "main" in kinds and not asked and not (regular and self._leases_checked_lately()):
             self._expire_workers()
         with self.db.transaction() as s:
             graphs = list(
@@ -159,6 +173,8 @@ class MetaLoop:
         self.signal.notify()
         if "main" not in kinds:
             return
+        if asked:
+            self._expire_workers()
         self.index_chore.wake()  # a job created since the last round may want its index
         self.ticks += 1
         if self.ticks % GC_EVERY_TICKS == 0:
@@ -170,7 +186,11 @@ class MetaLoop:
                 sources.trim(s)
             self.gc_chore.wake()
 
+    def _leases_checked_lately(self) -> bool:
+        return time.monotonic() - self.leases_checked_at < LEASES_EVERY_S
+
     def _expire_workers(self) -> None:
+        self.leases_checked_at = time.monotonic()
         with self.db.transaction() as s:
             recovery.expire_workers(s)
             orphaned = recovery.graphs_with_orphans(s)
@@ -232,7 +252,7 @@ class MetaLoop:
                         # e.g. a new job's actors (or a pause, a new rate) ride the next
                         # main barrier: it goes out now, not up to an interval later; the
                         # regular rounds keep their times
-                        self.tick(requested)
+                        self.tick(requested, asked=True)
                     else:
                         self.tick(MAIN if rounds % 2 == 0 else CREATING, regular=True)
                         rounds += 1
