@@ -3,16 +3,18 @@ reads of the open epoch are the read strategies', ``spark_workers.reads``)."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from enum import Enum
 from typing import Any
 
 from psycopg2 import sql
 
-from backfill_core.changes import Version
+from backfill_core.changes import RowChange, Version
 from backfill_core.executors.arrangement import ArrangementBackfill, VnodeProgress, VnodeState
 from backfill_core.executors.chain import ChainBackfill
 from backfill_core.executors.interface import BackfillExecutor
+from backfill_core.executors.messages import ChangeRange
 from backfill_core.executors.snapshot import SnapshotBackfill, VnodeBackfillProgress
 from backfill_core.executors.snapshot import VnodeState as SnapshotVnodeState
 from backfill_core.protocol import (
@@ -109,6 +111,9 @@ class ActorRunner:
         restore = assignment.restore or RestoreState()
         self.executor: BackfillExecutor
         self._truncate = False
+        # a poll's barriers (``prefetch``) and the change logs read ahead for them
+        self._poll: list[BarrierMessage] = []
+        self._logs: dict[tuple[int, int, tuple[int, ...]], list[RowChange]] = {}
         if self.kind == "snapshot":
             if job.snapshot_epoch is None:
                 raise ValueError(f"snapshot job {job.name!r} has no snapshot epoch")
@@ -216,7 +221,11 @@ class ActorRunner:
         return bool(self.executor.plan_reads(1))
 
     def prefetch(self, messages: list[BarrierMessage]) -> None:
-        """Nothing to read ahead: a barrier's changes are one range of the change log."""
+        """A poll with several barriers, in one transaction: a replay's, each needing the
+        change log of the epochs after the last. The first barrier reads them all at once
+        (``_read_ahead``) and takes the fence for the rest."""
+        self._poll = messages
+        self._logs = {}
 
     def close(self) -> None:
         """Nothing held outside the store's connection, which is the worker's."""
@@ -226,14 +235,16 @@ class ActorRunner:
         caller's transaction: the worker commits once it handled the actor's barriers."""
         barrier = message.barrier
         ex = self.executor
+        poll = self._poll if any(message is m for m in self._poll) else []
+        if not poll:  # (what a failed poll left)
+            self._poll, self._logs = [], {}
         with conn.cursor() as cur:
+            if not poll or message is poll[0]:
+                self._fence(cur)  # held until the commit: the poll's later barriers are fenced
             needed = ex.changes_needed(barrier)
-            changes = (
-                self.upstream.change_log_range(cur, needed.after, needed.upto, list(needed.vnodes))
-                if needed
-                else []
-            )
-            self._fence(cur)
+            if needed is not None and poll and message is poll[0]:
+                self._logs = self._read_ahead(cur, needed, poll)
+            changes = self._changes(cur, needed) if needed else []
             if self._truncate:
                 for lo, hi in self.vnode_ranges:
                     self.mv.delete_vnodes(cur, lo, hi)
@@ -248,6 +259,8 @@ class ActorRunner:
                     Version(mc.new) if mc.new is not None else Version(mc.row, deleted=True)
                 )
             self.mv.write(cur, out.write_epoch, versions)
+        if poll and message is poll[-1]:
+            self._poll, self._logs = [], {}
         return CollectRequest(
             self.actor_id,
             self.recovery_seq,
@@ -257,6 +270,28 @@ class ActorRunner:
             out.rows,
             out.finished,
         )
+
+    def _read_ahead(
+        self, cur: Any, needed: ChangeRange, poll: list[BarrierMessage]
+    ) -> dict[tuple[int, int, tuple[int, ...]], list[RowChange]]:
+        """The change logs the poll's barriers would read one by one, if the executor
+        goes on as a replay does: ``needed``, then each later barrier's epochs after the
+        last (a barrier needing anything else reads it itself)."""
+        bounds = [needed.after, needed.upto]
+        for m in poll[1:]:
+            if m.barrier.epoch.prev > bounds[-1]:
+                bounds.append(m.barrier.epoch.prev)
+        if len(bounds) < 3:
+            return {}
+        logs = self.upstream.change_logs(cur, bounds, list(needed.vnodes))
+        ranges = itertools.pairwise(bounds)
+        return {(lo, hi, needed.vnodes): log for (lo, hi), log in zip(ranges, logs, strict=True)}
+
+    def _changes(self, cur: Any, needed: ChangeRange) -> list[RowChange]:
+        read = self._logs.pop((needed.after, needed.upto, needed.vnodes), None)
+        if read is not None:
+            return read
+        return self.upstream.change_log_range(cur, needed.after, needed.upto, list(needed.vnodes))
 
     def _report(self) -> CollectProgress:
         return CollectProgress.of(vnodes=self._progress(), report=self.executor.report())

@@ -30,6 +30,7 @@ from psycopg2 import errors, sql
 from backfill_core.changes import Op, Row, RowChange, Version
 from backfill_core.schema import ColumnType, TableSchema
 from backfill_core.vnode import compute_vnode, vnode_hasher
+from state_store.change_logs import KeyVersion, split_by_range
 from state_store.encoding import line_formatter, row_decoder
 
 SCHEMA = "store"
@@ -184,6 +185,7 @@ class VersionedTable:
         self._decode = row_decoder(types)
         self._decode_values = row_decoder([schema.column(n).type for n in self.values])
         self._change_log_texts: dict[bool, str] = {}  # by whether vnodes are a range
+        self._change_logs_texts: dict[bool, str] = {}
         self.decode_key = row_decoder(list(schema.pk_types))
         self._pk_types = list(schema.pk_types)
 
@@ -759,8 +761,40 @@ class VersionedTable:
                 out.append(RowChange(Op.UPDATE, vnode, old, new))
         return out
 
-    def _change_log_query(self, ranged: bool) -> sql.Composed:
-        """``change_log_range``'s statement, for a range of vnodes or a list."""
+    def change_logs(
+        self, cur: Any, bounds: Sequence[int], vnodes: tuple[int, int] | Sequence[int]
+    ) -> list[list[RowChange]]:
+        """``change_log_range`` of each range ``(bounds[i], bounds[i + 1]]`` (``bounds``
+        ascending), in one statement: a replay's epochs of one poll cost one read."""
+        if len(bounds) < 2:
+            return []
+        ranged = isinstance(vnodes, tuple) and len(vnodes) == 2
+        vparams: list[Any] = [vnodes[0], vnodes[1]] if ranged else [list(vnodes)]
+        text = self._change_logs_texts.get(ranged)
+        if text is None:
+            text = self._change_logs_texts[ranged] = self._change_log_query(
+                ranged, every_version=True
+            ).as_string(cur)
+        cur.execute(text, [bounds[0], bounds[-1], *vparams, bounds[0]])
+        n_cols = len(self.names)
+        versions = []
+        for r in cur.fetchall():
+            new = self._decode(r[1 : 1 + n_cols])
+            base: Row | None = None
+            if r[3 + n_cols]:
+                tmp = list(new)
+                for i, v in zip(self._value_idx, self._decode_values(r[4 + n_cols :]), strict=True):
+                    tmp[i] = v
+                base = tuple(tmp)
+            versions.append(
+                KeyVersion(r[0], self.key_of(new), r[1 + n_cols], r[2 + n_cols], new, base)
+            )
+        return split_by_range(versions, bounds)
+
+    def _change_log_query(self, ranged: bool, *, every_version: bool = False) -> sql.Composed:
+        """``change_log_range``'s statement, for a range of vnodes or a list;
+        ``every_version``: each version in the range with its epoch, in (vnode, pk, epoch)
+        order, beside the key's latest version at or below the range (``change_logs``)."""
         if ranged:
             vcond = sql.SQL("{vn} >= %s AND {vn} < %s").format(vn=sql.Identifier(VNODE))
         else:
@@ -770,13 +804,22 @@ class VersionedTable:
             sql.SQL("o.{0} = n.{0}").format(sql.Identifier(c)) for c in key
         )
         old_vals = (sql.SQL(", ") + _ids(self.values, "o")) if self.values else sql.SQL("")
+        if every_version:
+            text = (
+                "SELECT n.{vn}, {ncols}, n.{ep}, n.{dl}, (o.{ep} IS NOT NULL AND NOT o.{dl}){ov} "
+                "FROM (SELECT * FROM {t} WHERE {ep} > %s AND {ep} <= %s AND {vcond}) n "
+            )
+            order = "ORDER BY {nkey}, n.{ep}"
+        else:
+            text = (
+                "SELECT n.{vn}, {ncols}, n.{dl}, (o.{ep} IS NOT NULL AND NOT o.{dl}){ov} "
+                "FROM (SELECT DISTINCT ON ({key}) * FROM {t} WHERE {ep} > %s AND {ep} <= %s "
+                "AND {vcond} ORDER BY {key}, {ep} DESC) n "
+            )
+            order = "ORDER BY {nkey}"
         return sql.SQL(
-            "SELECT n.{vn}, {ncols}, n.{dl}, (o.{ep} IS NOT NULL AND NOT o.{dl}){ov} "
-            "FROM (SELECT DISTINCT ON ({key}) * FROM {t} WHERE {ep} > %s AND {ep} <= %s AND {vcond} "
-            "ORDER BY {key}, {ep} DESC) n "
-            "LEFT JOIN LATERAL (SELECT {ep}, {dl}{ovsel} FROM {t} o WHERE {match} "
-            "AND o.{ep} <= %s ORDER BY o.{ep} DESC LIMIT 1) o ON true "
-            "ORDER BY {nkey}"
+            text + "LEFT JOIN LATERAL (SELECT {ep}, {dl}{ovsel} FROM {t} o WHERE {match} "
+            "AND o.{ep} <= %s ORDER BY o.{ep} DESC LIMIT 1) o ON true " + order
         ).format(
             vn=sql.Identifier(VNODE),
             ncols=_ids(self.names, "n"),

@@ -126,6 +126,14 @@ def _check(
                 if lo < hi:
                     got = table.change_log_range(cur, lo, hi, (0, 8))
                     assert got == model.change_log_range(lo, hi), f"changes in ({lo}, {hi}]"
+        # consecutive ranges read at once: each as if read alone, for a range or a list
+        for bounds in (readable, readable[::2], readable[1::3]):
+            expected = [model.change_log_range(lo, hi) for lo, hi in itertools.pairwise(bounds)]
+            assert table.change_logs(cur, bounds, (0, 8)) == expected, f"ranges of {bounds}"
+            some = [1, 2, 6]
+            assert table.change_logs(cur, bounds, some) == [
+                [c for c in log if c.vnode in some] for log in expected
+            ]
         per_vnode = [r for v in range(8) for r in table.change_log(cur, e, [v])]
         assert per_vnode == table.change_log(cur, e, (0, 8))
         assert table.max_epoch(cur) == max(model.epochs(), default=None)
