@@ -78,10 +78,18 @@ def on_actor_failure(
     actor = s.get(Actor, actor_id)
     if actor is None:
         return
-    job = s.execute(select(Job).where(Job.id == actor.job_id).with_for_update()).scalar_one()
-    if job.state not in ("creating", "created") or job.graph_id is None:
+    # the graph's row before the job's, as the barrier paths lock them (a collect, a
+    # recovery, a round): the other order deadlocked with them
+    while True:
+        graph_id = s.execute(select(Job.graph_id).where(Job.id == actor.job_id)).scalar_one()
+        if graph_id is None:
+            return
+        graph = lock_graph(s, graph_id)
+        job = s.execute(select(Job).where(Job.id == actor.job_id).with_for_update()).scalar_one()
+        if job.graph_id == graph_id:
+            break  # (else it merged into the main graph meanwhile)
+    if job.state not in ("creating", "created"):
         return
-    graph = lock_graph(s, job.graph_id)
     counted = s.execute(
         select(func.count()).where(
             JobFailure.job_id == job.id, JobFailure.recovery_seq == graph.recovery_seq

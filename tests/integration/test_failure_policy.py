@@ -6,12 +6,13 @@ naming the actor that caused them, as a real worker does."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from service.catalog.models import Graph
 from service.db import Database
@@ -214,3 +215,37 @@ def test_a_failed_snapshot_job_stops_its_graph_and_resumes_from_committed_progre
             return bool(client.get(f"/v1/jobs/{job}").json()["state"] == "created")
 
         wait_for(created, 30, "the retried snapshot job created")
+
+
+def test_a_failure_report_locks_the_graph_before_the_job(
+    api: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """The barrier paths lock a graph's row, then write its jobs; a failure report that
+    locked the job first deadlocked with them (seen while a replay failed at every poll)."""
+    client, loop = api
+    w = FakeWorker(client).register()
+    job = make_job(db, "locks", parallelism=1)
+    loop.tick()
+    w.collect_all()
+    [actor] = [a.id for a in actors_of(db, job)]
+    other = db.engine.raw_connection()
+    try:
+        cur = other.cursor()
+        cur.execute("SELECT 1 FROM graphs WHERE id = 1 FOR UPDATE")  # a barrier path's lock
+        report = threading.Thread(target=_fail, args=(client, w, actor, "boom"))
+        report.start()
+        waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
+        wait_for(lambda: _scalar(db, waiting) > 0, 30, "the report waiting for the graph")
+        # it holds nothing of the job while it waits: the barrier path can go on to it
+        cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE NOWAIT", [job])
+        other.rollback()
+        report.join(timeout=30)
+        assert not report.is_alive()
+    finally:
+        other.close()
+    assert _graph(db).recover_after_ms is not None  # the failure counted
+
+
+def _scalar(db: Database, query: str) -> int:
+    with db.engine.connect() as conn:
+        return int(conn.execute(text(query)).scalar_one())
