@@ -113,7 +113,7 @@ class ActorRunner:
         self._truncate = False
         # a poll's barriers (``prefetch``) and the change logs read ahead for them
         self._poll: list[BarrierMessage] = []
-        self._logs: dict[tuple[int, int, tuple[int, ...]], list[RowChange]] = {}
+        self._logs: dict[tuple[int, int, tuple[int, ...]], list[RowChange]] | None = None
         if self.kind == "snapshot":
             if job.snapshot_epoch is None:
                 raise ValueError(f"snapshot job {job.name!r} has no snapshot epoch")
@@ -222,10 +222,10 @@ class ActorRunner:
 
     def prefetch(self, messages: list[BarrierMessage]) -> None:
         """A poll with several barriers, in one transaction: a replay's, each needing the
-        change log of the epochs after the last. The first barrier reads them all at once
-        (``_read_ahead``) and takes the fence for the rest."""
+        change log of the epochs after the last. The first barrier needing changes reads
+        them all at once (``_read_ahead``); the first barrier's fence holds for the rest."""
         self._poll = messages
-        self._logs = {}
+        self._logs = None
 
     def close(self) -> None:
         """Nothing held outside the store's connection, which is the worker's."""
@@ -235,15 +235,15 @@ class ActorRunner:
         caller's transaction: the worker commits once it handled the actor's barriers."""
         barrier = message.barrier
         ex = self.executor
-        poll = self._poll if any(message is m for m in self._poll) else []
-        if not poll:  # (what a failed poll left)
-            self._poll, self._logs = [], {}
+        at = next((i for i, m in enumerate(self._poll) if m is message), None)
+        if at is None:  # a poll of one barrier (or what a failed poll left)
+            self._poll, self._logs = [], None
         with conn.cursor() as cur:
-            if not poll or message is poll[0]:
+            if not at:
                 self._fence(cur)  # held until the commit: the poll's later barriers are fenced
             needed = ex.changes_needed(barrier)
-            if needed is not None and poll and message is poll[0]:
-                self._logs = self._read_ahead(cur, needed, poll)
+            if needed is not None and at is not None and self._logs is None:
+                self._logs = self._read_ahead(cur, needed, self._poll[at + 1 :])
             changes = self._changes(cur, needed) if needed else []
             if self._truncate:
                 for lo, hi in self.vnode_ranges:
@@ -259,8 +259,8 @@ class ActorRunner:
                     Version(mc.new) if mc.new is not None else Version(mc.row, deleted=True)
                 )
             self.mv.write(cur, out.write_epoch, versions)
-        if poll and message is poll[-1]:
-            self._poll, self._logs = [], {}
+        if at is not None and at == len(self._poll) - 1:
+            self._poll, self._logs = [], None
         return CollectRequest(
             self.actor_id,
             self.recovery_seq,
@@ -272,13 +272,13 @@ class ActorRunner:
         )
 
     def _read_ahead(
-        self, cur: Any, needed: ChangeRange, poll: list[BarrierMessage]
+        self, cur: Any, needed: ChangeRange, later: list[BarrierMessage]
     ) -> dict[tuple[int, int, tuple[int, ...]], list[RowChange]]:
         """The change logs the poll's barriers would read one by one, if the executor
-        goes on as a replay does: ``needed``, then each later barrier's epochs after the
-        last (a barrier needing anything else reads it itself)."""
+        goes on as a replay does: ``needed``, then each ``later`` barrier's epochs after
+        the last (a barrier needing anything else reads it itself)."""
         bounds = [needed.after, needed.upto]
-        for m in poll[1:]:
+        for m in later:
             if m.barrier.epoch.prev > bounds[-1]:
                 bounds.append(m.barrier.epoch.prev)
         if len(bounds) < 3:
@@ -288,7 +288,8 @@ class ActorRunner:
         return {(lo, hi, needed.vnodes): log for (lo, hi), log in zip(ranges, logs, strict=True)}
 
     def _changes(self, cur: Any, needed: ChangeRange) -> list[RowChange]:
-        read = self._logs.pop((needed.after, needed.upto, needed.vnodes), None)
+        key = (needed.after, needed.upto, needed.vnodes)
+        read = self._logs.pop(key, None) if self._logs else None
         if read is not None:
             return read
         return self.upstream.change_log_range(cur, needed.after, needed.upto, list(needed.vnodes))
