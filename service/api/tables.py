@@ -351,7 +351,8 @@ def apply_dml(
         else:
             epoch, count = tables.apply_csv_inserts(ctx.db, name, csv_reader(body), ctx.clock)
     if wait:
-        tables.wait_readable(ctx.db, epoch, WAIT_TIMEOUT_S)
+        interval = ctx.settings.barrier_interval_ms
+        tables.wait_readable(ctx.db, epoch, WAIT_TIMEOUT_S, ctx.signal, interval)
     return DmlResult(epoch=epoch, count=count)
 
 

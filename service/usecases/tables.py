@@ -11,6 +11,7 @@ import binascii
 import json
 import operator
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -35,6 +36,13 @@ from service.clock import Clock
 from service.db import Database, raw_cursor, retry_deadlocks
 from service.errors import BadRequest, Conflict, Gone, Invalid, ServiceError, Timeout
 from service.meta.epochs import table_write_epoch, wait_committed
+from service.meta.signal import BarrierSignal
+
+# a ``?wait=true`` DML asks for main rounds when barriers are further apart than this
+# (with ten-minute barriers it would wait out its 30 s and answer 504); with barriers
+# closer, the next one is soon and many waiting clients would only add rounds
+ASK_ROUNDS_OVER_MS = 1_000
+ASK_AGAIN_S = 0.5  # a round asked for may commit nothing (checkpoints every n barriers)
 
 
 class DmlOp(NamedTuple):  # a tuple: a body's 10,000 are made in a fraction of a dataclass's time
@@ -391,13 +399,31 @@ def _key_conflict(message: str, position: int, key: Row, where: Where) -> Confli
     return Conflict(f"{prefix}: {message}", details | {"key": list(key)})
 
 
-def wait_readable(db: Database, epoch: int, timeout_s: float) -> None:
-    """Return once the main graph committed ``epoch`` (a DML batch's): 504 after ``timeout_s``."""
-    if not wait_committed(db, MAIN_GRAPH_ID, epoch, timeout_s):
-        raise Timeout(
-            f"epoch {epoch} was not committed within {timeout_s:.0f}s",
-            {"epoch": str(epoch)},  # as in every answer (service.api.epochs)
-        )
+def wait_readable(
+    db: Database,
+    epoch: int,
+    timeout_s: float,
+    signal: BarrierSignal | None = None,
+    barrier_interval_ms: int = 0,
+) -> None:
+    """Return once the main graph committed ``epoch`` (a DML batch's): 504 after
+    ``timeout_s``. Barriers further apart than ``ASK_ROUNDS_OVER_MS``: it asks ``signal``
+    for main rounds meanwhile (until one commits), instead of waiting out the interval."""
+    deadline = time.monotonic() + timeout_s
+    asked = signal if barrier_interval_ms > ASK_ROUNDS_OVER_MS else None
+    while True:
+        left = deadline - time.monotonic()
+        step = left
+        if asked is not None:
+            asked.request_barrier(("main",))
+            step = min(left, ASK_AGAIN_S)
+        if wait_committed(db, MAIN_GRAPH_ID, epoch, max(0.0, step)):
+            return
+        if time.monotonic() >= deadline:
+            raise Timeout(
+                f"epoch {epoch} was not committed within {timeout_s:.0f}s",
+                {"epoch": str(epoch)},  # as in every answer (service.api.epochs)
+            )
 
 
 def _parse_ops(schema: TableSchema, ops: Iterable[tuple[int, DmlOp]], where: Where) -> list[Parsed]:

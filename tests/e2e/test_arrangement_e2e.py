@@ -295,7 +295,7 @@ def test_with_barriers_ten_minutes_apart_a_small_backfill_is_created_at_once(
     with running_cluster(
         db, fresh_db_url, WorkerSettings(spark_mode="never"), barrier_interval_ms=600_000
     ) as (http, _):
-        load(http, 5_000, committed=False)  # (a wait would outlast the test)
+        load(http, 5_000)  # its wait asks for rounds (barriers minutes apart)
         job = create_job(http, "soon")
         wait_created(http, job, timeout=120)
         v = http.get(f"/v1/jobs/{job}/verify").json()

@@ -255,7 +255,7 @@ def test_with_barriers_ten_minutes_apart_a_small_snapshot_job_is_created_at_once
     with running_cluster(
         db, fresh_db_url, WorkerSettings(spark_mode="never"), barrier_interval_ms=600_000
     ) as (http, _):
-        load(http, 5_000, committed=False)  # (a wait would outlast the test)
+        load(http, 5_000, committed=False)
         # nothing is committed yet (the first barrier commits no epoch): the create asks
         # for rounds and waits for the first commit instead of answering "retry"
         body = {"name": "soon", "upstream": {"table": "orders"}, "backfill": "snapshot"}

@@ -8,8 +8,11 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
+from service.api.app import create_app
 from service.db import Database
+from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
+from tests.kit.auth import api_client
 
 ORDERS = {
     "name": "orders",
@@ -189,3 +192,17 @@ def test_drop_is_409_while_a_job_reads_the_table(client: TestClient, db: Databas
         )
     err = assert_error(client.delete("/v1/tables/orders"), 409, "conflict")
     assert err["details"] == {"jobs": ["mv1"]}
+
+
+def test_a_waiting_dml_asks_for_rounds_when_barriers_are_minutes_apart(
+    db: Database, settings: Settings
+) -> None:
+    """With ten-minute barriers ``?wait=true`` would wait out its 30 s and answer 504:
+    it asks for main rounds instead, and answers once its epoch is committed."""
+    slow = settings.model_copy(update={"barrier_interval_ms": 600_000})
+    with api_client(create_app(slow, db)) as client:
+        create(client)
+        r = dml(client, [ins(1), ins(2)])
+        assert r.status_code == 200, r.text
+        assert int(rows(client)["epoch"]) >= int(r.json()["epoch"])
+        assert sorted(x["id"] for x in rows(client)["rows"]) == [1, 2]
