@@ -56,8 +56,12 @@ def get_source(session: Session, name: str, *, share: bool = False, lock: bool =
     return src
 
 
-def load_job(session: Session, job_id: int, *, lock: bool = False) -> Job:
-    """The job's row; with ``lock``, locked for update after its graph's row."""
+def load_job(
+    session: Session, job_id: int, *, lock: bool = False, graph_for_update: bool = False
+) -> Job:
+    """The job's row; with ``lock``, locked for update after its graph's row (shared, or
+    for update with ``graph_for_update``: a caller that will update the graph takes it so
+    at once, as two upgrading a shared lock deadlock)."""
     q = select(Job).where(Job.id == job_id)
     if not lock:
         job = session.execute(q).scalar_one_or_none()
@@ -71,7 +75,7 @@ def load_job(session: Session, job_id: int, *, lock: bool = False) -> Job:
             session.execute(
                 select(Graph.id)
                 .where(Graph.id == graph_id)
-                .with_for_update(read=True, key_share=True)
+                .with_for_update(read=not graph_for_update, key_share=not graph_for_update)
             )
         job = session.execute(
             q.with_for_update().execution_options(populate_existing=True)

@@ -28,7 +28,7 @@ from service.catalog.models import (
     SplitProgress,
     VnodeProgress,
 )
-from service.catalog.queries import storage_of
+from service.catalog.queries import load_job, storage_of
 from service.db import raw_cursor
 from service.meta import metrics
 from service.meta.barriers import lock_graph
@@ -80,16 +80,10 @@ def on_actor_failure(
         return
     # the graph's row before the job's, as the barrier paths lock them (a collect, a
     # recovery, a round): the other order deadlocked with them
-    while True:
-        graph_id = s.execute(select(Job.graph_id).where(Job.id == actor.job_id)).scalar_one()
-        if graph_id is None:
-            return
-        graph = lock_graph(s, graph_id)
-        job = s.execute(select(Job).where(Job.id == actor.job_id).with_for_update()).scalar_one()
-        if job.graph_id == graph_id:
-            break  # (else it merged into the main graph meanwhile)
-    if job.state not in ("creating", "created"):
+    job = load_job(s, actor.job_id, lock=True, graph_for_update=True)
+    if job.state not in ("creating", "created") or job.graph_id is None:
         return
+    graph = lock_graph(s, job.graph_id)  # (locked already: the row as an object)
     counted = s.execute(
         select(func.count()).where(
             JobFailure.job_id == job.id, JobFailure.recovery_seq == graph.recovery_seq
