@@ -5,6 +5,8 @@ statement per epoch (docs/architecture.md, "Phase 2")."""
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,31 +30,18 @@ def split_by_range(versions: Sequence[KeyVersion], bounds: Sequence[int]) -> lis
     """The net change per key over each range ``(bounds[i], bounds[i + 1]]``, each in
     (vnode, key) order: what ``change_log_range`` gives for that range alone."""
     out: list[list[RowChange]] = [[] for _ in bounds[1:]]
-    i = 0
-    while i < len(versions):
-        first = versions[i]
-        live = first.base  # the key's live row as of the versions seen so far
-        j = 0  # the range of the version at hand
-        while (
-            i < len(versions) and versions[i].vnode == first.vnode and versions[i].key == first.key
+    for _, of_key in itertools.groupby(versions, key=lambda v: (v.vnode, v.key)):
+        of_key_list = list(of_key)
+        live = of_key_list[0].base  # the key's live row as each range begins
+        # (the range of epoch e is the i with bounds[i] < e <= bounds[i + 1])
+        for i, in_range in itertools.groupby(
+            of_key_list, key=lambda v: bisect.bisect_left(bounds, v.epoch) - 1
         ):
-            start = live  # the key's live row when range ``j`` begins
-            while versions[i].epoch > bounds[j + 1]:
-                j += 1
-            last = versions[i]
-            while (
-                i + 1 < len(versions)
-                and versions[i + 1].vnode == first.vnode
-                and versions[i + 1].key == first.key
-                and versions[i + 1].epoch <= bounds[j + 1]
-            ):
-                i += 1
-                last = versions[i]
-            change = _net(first.vnode, start, last)
+            last = list(in_range)[-1]
+            change = _net(last.vnode, live, last)
             if change is not None:
-                out[j].append(change)
+                out[i].append(change)
             live = None if last.deleted else last.row
-            i += 1
     return out
 
 

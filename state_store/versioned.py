@@ -184,8 +184,8 @@ class VersionedTable:
         self._null_row = (None,) * len(schema.columns)
         self._decode = row_decoder(types)
         self._decode_values = row_decoder([schema.column(n).type for n in self.values])
-        self._change_log_texts: dict[bool, str] = {}  # by whether vnodes are a range
-        self._change_logs_texts: dict[bool, str] = {}
+        # by whether vnodes are a range, and whether the statement gives every version
+        self._change_log_texts: dict[tuple[bool, bool], str] = {}
         self.decode_key = row_decoder(list(schema.pk_types))
         self._pk_types = list(schema.pk_types)
 
@@ -735,23 +735,14 @@ class VersionedTable:
         """
         ranged = isinstance(vnodes, tuple) and len(vnodes) == 2
         vparams: list[Any] = [vnodes[0], vnodes[1]] if ranged else [list(vnodes)]
-        text = self._change_log_texts.get(ranged)
-        if text is None:  # composed once: it cost several round trips' time a barrier
-            text = self._change_log_texts[ranged] = self._change_log_query(ranged).as_string(cur)
-        cur.execute(text, [after, upto, *vparams, after])
+        cur.execute(self._change_log_text(cur, ranged), [after, upto, *vparams, after])
         n_cols = len(self.names)
         out: list[RowChange] = []
         for r in cur.fetchall():
             vnode = r[0]
             new = self._decode(r[1 : 1 + n_cols])
             deleted, had_old = r[1 + n_cols], r[2 + n_cols]
-            old: Row | None = None
-            if had_old:
-                vals = self._decode_values(r[3 + n_cols :])
-                tmp = list(new)
-                for i, v in zip(self._value_idx, vals, strict=True):
-                    tmp[i] = v
-                old = tuple(tmp)
+            old = self._with_values(new, r[3 + n_cols :]) if had_old else None
             if deleted:
                 if old is not None:
                     out.append(RowChange(Op.DELETE, vnode, old, None))
@@ -770,26 +761,36 @@ class VersionedTable:
             return []
         ranged = isinstance(vnodes, tuple) and len(vnodes) == 2
         vparams: list[Any] = [vnodes[0], vnodes[1]] if ranged else [list(vnodes)]
-        text = self._change_logs_texts.get(ranged)
-        if text is None:
-            text = self._change_logs_texts[ranged] = self._change_log_query(
-                ranged, every_version=True
-            ).as_string(cur)
-        cur.execute(text, [bounds[0], bounds[-1], *vparams, bounds[0]])
+        cur.execute(
+            self._change_log_text(cur, ranged, every_version=True),
+            [bounds[0], bounds[-1], *vparams, bounds[0]],
+        )
         n_cols = len(self.names)
         versions = []
         for r in cur.fetchall():
             new = self._decode(r[1 : 1 + n_cols])
-            base: Row | None = None
-            if r[3 + n_cols]:
-                tmp = list(new)
-                for i, v in zip(self._value_idx, self._decode_values(r[4 + n_cols :]), strict=True):
-                    tmp[i] = v
-                base = tuple(tmp)
+            base = self._with_values(new, r[4 + n_cols :]) if r[3 + n_cols] else None
             versions.append(
                 KeyVersion(r[0], self.key_of(new), r[1 + n_cols], r[2 + n_cols], new, base)
             )
         return split_by_range(versions, bounds)
+
+    def _with_values(self, row: Row, raw_values: Sequence[Any]) -> Row:
+        """``row``'s key with the given stored values (an older version of its key)."""
+        merged = list(row)
+        for i, v in zip(self._value_idx, self._decode_values(raw_values), strict=True):
+            merged[i] = v
+        return tuple(merged)
+
+    def _change_log_text(self, cur: Any, ranged: bool, *, every_version: bool = False) -> str:
+        """``_change_log_query`` as text, composed once: it cost several round trips' time
+        a barrier."""
+        key = (ranged, every_version)
+        text = self._change_log_texts.get(key)
+        if text is None:
+            query = self._change_log_query(ranged, every_version=every_version)
+            text = self._change_log_texts[key] = query.as_string(cur)
+        return text
 
     def _change_log_query(self, ranged: bool, *, every_version: bool = False) -> sql.Composed:
         """``change_log_range``'s statement, for a range of vnodes or a list;
