@@ -27,6 +27,7 @@ from tests.kit.e2e import (
     wait_created,
     wait_for,
 )
+from tests.kit.meta import scalar
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +49,6 @@ def job_view(http: httpx.Client, job: int) -> dict[str, Any]:
 
 def events(http: httpx.Client, job: int) -> str:
     return http.get(f"/v1/jobs/{job}/events", params={"follow": "false"}).text
-
-
-def scalar(db: Database, sql: str, **params: Any) -> Any:
-    with db.engine.connect() as conn:
-        return conn.execute(text(sql), params).scalar_one()
 
 
 def graph_of(db: Database, job: int) -> int:

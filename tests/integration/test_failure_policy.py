@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import select, text
+from sqlalchemy import select
 
 from service.catalog.models import Graph
 from service.db import Database
@@ -21,7 +21,7 @@ from service.meta.loop import MetaLoop
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_meta_creating import TABLE, collect, graph_of_job, snapshot_job
 from tests.kit.e2e import wait_for
-from tests.kit.meta import WORKER, FakeWorker, actors_of, make_job, manual_api
+from tests.kit.meta import WORKER, FakeWorker, actors_of, make_job, manual_api, scalar
 
 POLICY = {
     "failure_backoff_initial_ms": 1,
@@ -235,7 +235,7 @@ def test_a_failure_report_locks_the_graph_before_the_job(
         report = threading.Thread(target=_fail, args=(client, w, actor, "boom"))
         report.start()
         waiting = "SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'"
-        wait_for(lambda: _scalar(db, waiting) > 0, 30, "the report waiting for the graph")
+        wait_for(lambda: scalar(db, waiting) > 0, 30, "the report waiting for the graph")
         # it holds nothing of the job while it waits: the barrier path can go on to it
         cur.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE NOWAIT", [job])
         other.rollback()
@@ -244,8 +244,3 @@ def test_a_failure_report_locks_the_graph_before_the_job(
     finally:
         other.close()
     assert _graph(db).recover_after_ms is not None  # the failure counted
-
-
-def _scalar(db: Database, query: str) -> int:
-    with db.engine.connect() as conn:
-        return int(conn.execute(text(query)).scalar_one())

@@ -24,6 +24,7 @@ from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_tables_api import ORDERS
 from tests.kit.auth import api_client
 from tests.kit.kafka import MockKafka
+from tests.kit.meta import scalar
 
 JSON = {"content-type": "application/json"}
 DOCS = {
@@ -84,11 +85,6 @@ def rows(client: TestClient, table: str) -> list[dict[str, Any]]:
 
 def dml(client: TestClient, ops: list[dict[str, Any]], table: str = "docs") -> Any:
     return client.post(f"/v1/tables/{table}/dml", params={"wait": "true"}, json={"ops": ops})
-
-
-def scalar(db: Database, sql: str) -> Any:
-    with db.engine.connect() as conn:
-        return conn.execute(text(sql)).scalar_one()
 
 
 def assert_consistent(db: Database) -> None:

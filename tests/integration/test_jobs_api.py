@@ -13,6 +13,7 @@ from service.db import Database
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_tables_api import ORDERS, create
 from tests.kit.e2e import wait_for
+from tests.kit.meta import scalar
 
 GOOD = {
     "name": "mv",
@@ -135,7 +136,7 @@ def test_api_calls_and_the_barrier_commit_never_deadlock(
     that job meanwhile must queue behind the graph, not take the job first."""
     create(client, ORDERS)
     job_id = client.post("/v1/jobs", json=GOOD).json()["id"]
-    graph_id = _scalar(db, "SELECT graph_id FROM jobs WHERE id = :j", j=job_id)
+    graph_id = scalar(db, "SELECT graph_id FROM jobs WHERE id = :j", j=job_id)
     with db.engine.connect() as commit:
         commit.execute(text("SELECT 1 FROM graphs WHERE id = :g FOR UPDATE"), {"g": graph_id})
         results: list[int] = []
@@ -148,7 +149,7 @@ def test_api_calls_and_the_barrier_commit_never_deadlock(
         thread.start()
         # the API call waits on a lock (the barrier loop's own wait is the FOR UPDATE one)
         wait_for(
-            lambda: _scalar(
+            lambda: scalar(
                 db,
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                 " AND datname = current_database() AND query NOT LIKE '%FOR UPDATE%'",
@@ -162,11 +163,6 @@ def test_api_calls_and_the_barrier_commit_never_deadlock(
         thread.join(timeout=60)
     assert not thread.is_alive()
     assert results == [204 if call == "drop" else 200]
-
-
-def _scalar(db: Database, sql: str, **params: Any) -> Any:
-    with db.engine.connect() as conn:
-        return conn.execute(text(sql), params).scalar_one()
 
 
 def test_a_page_of_jobs_costs_the_same_queries_whatever_its_size(

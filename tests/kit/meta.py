@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from backfill_core.schema import Column, ColumnType, TableSchema
 from service.api.app import create_app
@@ -150,6 +150,12 @@ def barriers_of(db: Database, graph_id: int = 1) -> list[Barrier]:
                 select(Barrier).where(Barrier.graph_id == graph_id).order_by(Barrier.curr_epoch)
             ).scalars()
         )
+
+
+def scalar(db: Database, sql: str, **params: Any) -> Any:
+    """One value a query gives, in a connection of its own."""
+    with db.engine.connect() as conn:
+        return conn.execute(text(sql), params).scalar_one()
 
 
 def actors_of(db: Database, job_id: int) -> list[Actor]:
