@@ -14,7 +14,8 @@ created it). The barriers the executor sees, in order:
 2. Phase 2 (``log_store``): the barrier ``{snapshot_epoch, e1}`` (nothing to replay: the
    snapshot covers ``snapshot_epoch``), then one barrier per upstream epoch after it,
    ``{e_k, e_k+1}``, each emitting the change log of ``e_k``, i.e. ``(e_k-1, e_k]``,
-   written at ``e_k``. The barrier that reaches the upstream's latest epoch caught up:
+   written at ``e_k`` (the meta leaves out epochs that changed nothing upstream: the
+   range then spans them). The barrier that reaches the upstream's latest epoch caught up:
    it reports finish (phase ``finishing``, the seed's ``finish_consuming_log_store``)
    and the meta merges the job into the main graph there. Unlike the seed, the merge
    can miss (the upstream committed that epoch first): the creating graph then replays

@@ -5,9 +5,10 @@ Phase 1 runs on *fake* epochs ``k << 16`` (far below any real epoch) while the a
 read the snapshot at ``snapshot_epoch``, at most a barrier a second in the loop's regular
 rounds (``service.meta.loop.PHASE1_EVERY_MS``). Once the committed progress shows every vnode
 consumed, the barrier ``{last fake, snapshot_epoch}`` ends it. Phase 2 then steps
-through the upstream's committed epochs, one per barrier, each barrier a checkpoint (so
-the MV is exact at every epoch the creating graph commits), as many per tick as the
-pending-barrier limit allows: the job catches up. Its last barrier closes the upstream's
+through the upstream's committed epochs that changed it, one per barrier, each barrier
+a checkpoint (so the MV is exact at every epoch the creating graph commits, and at the
+skipped ones, which changed nothing), as many per tick as the pending-barrier limit
+allows: the job catches up. Its last barrier closes the upstream's
 committed epoch ``C`` and opens ``X``, the upstream epoch after it (still open, or closed
 by a main barrier in flight). Once that barrier is committed, and the upstream has not
 committed ``X`` yet, the actors move into the main graph (keeping their state) and
@@ -42,7 +43,8 @@ from service.catalog.models import (
     Relation,
     VnodeProgress,
 )
-from service.db import Database
+from service.catalog.queries import storage_of
+from service.db import Database, raw_cursor
 from service.meta import metrics
 from service.meta.barriers import (
     apply_lifetimes,
@@ -80,18 +82,42 @@ def next_epoch_of(s: Session, job: Job, prev: int, main: Graph) -> int | None:
     assert job.snapshot_epoch is not None
     if prev < job.snapshot_epoch:
         return job.snapshot_epoch if _snapshot_consumed(s, job) else fake_epoch_after(prev)
+    replay = _next_replayed(s, job, prev, main.committed_epoch)
+    if replay is not None:
+        return replay
+    if prev == main.committed_epoch and main.current_epoch > prev:
+        return _main_epoch_after(s, prev)  # caught up: the last barrier
+    return None
+
+
+def _next_replayed(s: Session, job: Job, prev: int, committed: int) -> int | None:
+    """The upstream epoch the barrier closing ``prev`` opens in phase 2: the first
+    committed main epoch after ``prev`` whose change log is not empty, or the committed
+    epoch if none is. The epochs skipped changed nothing, so the MV (still at ``prev``)
+    equals its view at each of them too (docs/architecture.md#snapshot-backfill)."""
+    upto = _first_change_after(s, job, prev, committed)
+    bound = Barrier.prev_epoch >= upto if upto is not None else Barrier.prev_epoch == committed
     replay = s.execute(
         select(func.min(Barrier.prev_epoch)).where(
             Barrier.graph_id == MAIN_GRAPH_ID,
             Barrier.prev_epoch > prev,
-            Barrier.prev_epoch <= main.committed_epoch,
+            Barrier.prev_epoch <= committed,
+            bound,
         )
     ).scalar_one()
-    if replay is not None:
-        return int(replay)
-    if prev == main.committed_epoch and main.current_epoch > prev:
-        return _main_epoch_after(s, prev)  # caught up: the last barrier
-    return None
+    return None if replay is None else int(replay)
+
+
+def _first_change_after(s: Session, job: Job, prev: int, committed: int) -> int | None:
+    """The upstream's first epoch in ``(prev, committed]`` with a change (None: none).
+    Without its epoch index (an MV still being indexed) the probe would scan the
+    upstream: then every epoch counts as changed."""
+    upstream = s.get(Relation, job.upstream_relation_id)
+    assert upstream is not None
+    if not upstream.epoch_indexed or prev >= committed:
+        return prev + 1
+    with raw_cursor(s) as cur:
+        return storage_of(upstream).next_epoch_with_changes(cur, prev, committed)
 
 
 def _main_epoch_after(s: Session, epoch: int) -> int | None:
