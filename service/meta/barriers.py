@@ -10,6 +10,7 @@ epoch at or past it waits for (``service.meta.epochs.release_holds``).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from sqlalchemy.orm import Session
 from backfill_core.epoch import physical_time
 from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
+from service.db import raw_cursor
 from service.meta import metrics, sources
 from service.meta.epochs import next_epoch, release_holds
 from service.meta.placement import place_unplaced
@@ -168,8 +170,7 @@ _PENDING = text(
     """
 )
 
-_PERSIST_VNODES = text(
-    """
+_PERSIST_VNODES = """
     INSERT INTO vnode_progress (job_id, vnode, state, current_pos, row_count, epoch)
     SELECT a.job_id, (v->>'vnode')::int, v->>'state', v->'current_pos',
            coalesce((v->>'row_count')::bigint, 0), :prev
@@ -179,15 +180,13 @@ _PERSIST_VNODES = text(
     ON CONFLICT (job_id, vnode) DO UPDATE SET state = EXCLUDED.state,
       current_pos = EXCLUDED.current_pos, row_count = EXCLUDED.row_count, epoch = EXCLUDED.epoch
     """
-)
 
 # Consumed rows never go back (a chain job restarts from zero after a recovery; a CDC
 # job's count is its worker's, written with its rows: at most the open epoch ahead), and
 # rows/s is measured over windows of at least RATE_WINDOW_MS of epoch time, so both
 # follow committed epochs only. Epochs carry milliseconds in their high bits (>> 16).
 RATE_WINDOW_MS = 5_000
-_JOB_PROGRESS = text(
-    """
+_JOB_PROGRESS = """
     INSERT INTO job_progress AS j (job_id, consumed_rows, window_rows, window_epoch, rows_per_s)
     SELECT v.job_id, sum(v.n), sum(v.n), :clock, 0
     FROM (SELECT job_id, row_count AS n FROM vnode_progress
@@ -210,12 +209,10 @@ _JOB_PROGRESS = text(
         WHEN ((:clock >> 16) - (j.window_epoch >> 16)) >= :window
           THEN :clock ELSE j.window_epoch END
     """
-)
 
 # a source's messages that are not rows, skipped since the split's last commit: an event
 # per split (before the commit overwrites the count)
-_SKIPPED_EVENTS = text(
-    """
+_SKIPPED_EVENTS = """
     INSERT INTO events (job_id, kind, data)
     SELECT a.job_id, 'messages_skipped', jsonb_build_object(
              'partition', (x->>'split')::int,
@@ -229,10 +226,8 @@ _SKIPPED_EVENTS = text(
     WHERE c.graph_id = :g AND c.curr_epoch = :curr
       AND (x->>'skipped')::bigint > coalesce(p.skipped, 0)
     """
-)
 
-_PERSIST_SPLITS = text(
-    """
+_PERSIST_SPLITS = """
     INSERT INTO split_progress (job_id, split, state, "offset", target_offset, num_consumed_rows,
                                 skipped, last_skipped_offset, epoch)
     SELECT a.job_id, x->>'split', x->>'state', (x->>'offset')::bigint, (x->>'target_offset')::bigint,
@@ -246,15 +241,13 @@ _PERSIST_SPLITS = text(
       skipped = EXCLUDED.skipped, last_skipped_offset = EXCLUDED.last_skipped_offset,
       epoch = EXCLUDED.epoch
     """
-)
 
 # The seed trims the state of a split a split change drops (``trim_state``) and keeps
 # that of a split moving to another actor, which restores it. So here: a job's split
 # no actor of it owns any more (stopped at a committed epoch counts as gone, a stop
 # recovery may still undo does not) loses its row, and its rows leave the kept total,
 # which otherwise never goes back. Jobs owning no split now (being dropped) keep theirs.
-_TRIM_SPLITS = text(
-    """
+_TRIM_SPLITS = """
     WITH owned AS (
       SELECT a.job_id, x AS split FROM actors a, jsonb_array_elements_text(a.splits) x
       WHERE a.graph_id = :g AND (a.last_epoch IS NULL OR a.last_epoch > :prev)
@@ -270,19 +263,15 @@ _TRIM_SPLITS = text(
     FROM (SELECT job_id, sum(num_consumed_rows) AS n FROM trimmed GROUP BY job_id) t
     WHERE k.job_id = t.job_id
     """
-)
 
-_FINISH_ACTORS = text(
-    """
+_FINISH_ACTORS = """
     UPDATE actors SET state = 'finished'
     WHERE state <> 'finished' AND id IN (
       SELECT actor_id FROM barrier_collects
       WHERE graph_id = :g AND curr_epoch <= :curr AND finished)
     """
-)
 
-_FINISH_JOBS = text(
-    """
+_FINISH_JOBS = """
     UPDATE jobs j SET state = 'created', finished_epoch = :prev, updated_at = now()
     WHERE j.graph_id = :g AND j.state = 'creating'
       AND EXISTS (SELECT 1 FROM graphs g WHERE g.id = :g AND g.kind = 'main')
@@ -291,23 +280,18 @@ _FINISH_JOBS = text(
                       AND a.state <> 'finished')
     RETURNING j.id
     """
-)
 
 # backfill pins (a chain's fixed snapshot) end when the job is created
-_UNPIN_CREATED = text(
-    """
+_UNPIN_CREATED = """
     DELETE FROM epoch_pins p USING jobs j
     WHERE p.holder = 'job:' || j.id AND j.graph_id = :g AND j.state = 'created'
     """
-)
 
-_MARK_COMMITTED = text(
-    """
+_MARK_COMMITTED = """
     UPDATE barriers SET state = 'committed', committed_at = clock_timestamp()
     WHERE graph_id = :g AND state <> 'committed' AND curr_epoch <= :curr
     RETURNING extract(epoch FROM committed_at - injected_at)
     """
-)
 
 
 # The lowest epoch a creating graph's last barrier opened (a main epoch not committed
@@ -316,6 +300,27 @@ _MARK_COMMITTED = text(
 # is what the job has left (the pending-barrier limit bounds it), and a job that always
 # has some in flight when the upstream commits the epoch it was to join at would chase
 # the upstream for ever, one worker round trip behind.
+
+
+def _pyformat(*statements: str) -> str:
+    """Statements in psycopg2's parameter style, to go to the server in one round trip."""
+    return ";\n".join(re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", q.strip()) for q in statements)
+
+
+# A commit folds the collects in with these, in this order, in two round trips (each of
+# them its own took a round trip and SQLAlchemy's handling, at every commit): the second
+# statement list answers with the jobs created, the third with the barriers' latencies.
+_FOLD_COLLECTS = _pyformat(
+    _PERSIST_VNODES,
+    _SKIPPED_EVENTS,  # before the splits' rows are overwritten
+    _PERSIST_SPLITS,
+    _TRIM_SPLITS,
+    _JOB_PROGRESS,
+    _FINISH_ACTORS,
+    _FINISH_JOBS,
+)
+_MARK = _pyformat(_UNPIN_CREATED, _MARK_COMMITTED)
+
 _MERGE_CEILING = text(
     """
     SELECT min(g.current_epoch) FROM graphs g JOIN barriers b
@@ -377,17 +382,15 @@ def try_complete(session: Session, graph: Graph) -> int | None:
         curr, prev = commit_at
         params = {"g": graph.id, "curr": curr, "prev": prev}
         graph.committed_epoch = max(graph.committed_epoch, prev)
-        session.execute(_PERSIST_VNODES, params)
-        session.execute(_SKIPPED_EVENTS, params)
-        session.execute(_PERSIST_SPLITS, params)
-        session.execute(_TRIM_SPLITS, params)
-        session.execute(_JOB_PROGRESS, {**params, "clock": clock, "window": RATE_WINDOW_MS})
-        session.execute(_FINISH_ACTORS, params)
-        finished = [(jid, {"epoch": prev}) for (jid,) in session.execute(_FINISH_JOBS, params)]
-        events.record_many(session, "created", finished)
-        session.execute(_UNPIN_CREATED, {"g": graph.id})
-        for (latency,) in session.execute(_MARK_COMMITTED, params).all():
-            metrics.BARRIER_LATENCY.labels(str(graph.id)).observe(max(0.0, float(latency)))
+        session.flush()
+        with raw_cursor(session) as cur:
+            cur.execute(_FOLD_COLLECTS, {**params, "clock": clock, "window": RATE_WINDOW_MS})
+            finished = [(jid, {"epoch": prev}) for (jid,) in cur.fetchall()]
+            events.record_many(session, "created", finished)
+            session.flush()
+            cur.execute(_MARK, params)
+            for (latency,) in cur.fetchall():
+                metrics.BARRIER_LATENCY.labels(str(graph.id)).observe(max(0.0, float(latency)))
         committed = prev
     metrics.INFLIGHT_BARRIERS.labels(str(graph.id)).set(
         len(pending) - (sum(1 for r in pending if commit_at and r[0] <= commit_at[0]))

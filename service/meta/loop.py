@@ -166,11 +166,13 @@ class MetaLoop:
             graphs = list(
                 s.execute(select(Graph.id, Graph.kind, Graph.state).order_by(Graph.id)).all()
             )
+        changed = False
         for graph_id, kind, state in graphs:
             if kind in kinds:
                 with self.db.transaction() as s:
-                    self._tick_graph(s, graph_id, kind, state, now, phase1_due)
-        self.signal.notify()
+                    changed |= self._tick_graph(s, graph_id, kind, state, now, phase1_due)
+        if changed:
+            self.signal.notify()  # a round that changed nothing wakes no long poll
         if "main" not in kinds:
             return
         if asked:
@@ -207,16 +209,20 @@ class MetaLoop:
 
     def _tick_graph(
         self, s: Session, graph_id: int, kind: str, state: str, now: int, phase1_due: bool
-    ) -> None:
+    ) -> bool:
+        """One graph's round; False: it changed nothing (a creating graph that injected
+        nothing: in phase 1 most of its rounds at short intervals)."""
         if state == "recovering":
             recovery.recover(s, graph_id, now)
         elif kind == "creating":
-            creating.inject(
-                s,
-                graph_id,
-                checkpoint_frequency=self.settings.checkpoint_frequency,
-                max_inflight=self.settings.max_pending_barriers,
-                phase1_due=phase1_due,
+            return bool(
+                creating.inject(
+                    s,
+                    graph_id,
+                    checkpoint_frequency=self.settings.checkpoint_frequency,
+                    max_inflight=self.settings.max_pending_barriers,
+                    phase1_due=phase1_due,
+                )
             )
         else:
             for job_id in creating.merge_caught_up(s):
@@ -224,7 +230,7 @@ class MetaLoop:
             if creating.upstream_held(s):
                 # collects alone may not commit what a merge hold kept back
                 barriers.settle(s, graph_id)
-                return
+                return True
             barriers.inject(
                 s,
                 graph_id,
@@ -233,6 +239,7 @@ class MetaLoop:
                 max_inflight=self.settings.max_pending_barriers,
                 source_marks=self.watcher.marks(),
             )
+        return True
 
     def run(self) -> None:
         half = self.settings.barrier_interval_ms / 2000
