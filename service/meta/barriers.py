@@ -294,22 +294,15 @@ _MARK_COMMITTED = """
     """
 
 
-# The lowest epoch a creating graph's last barrier opened (a main epoch not committed
-# yet): the main graph commits nothing at or after it meanwhile, for MERGE_HOLD_MS after
-# that barrier went out at most. The job's replay still in flight then counts too: it
-# is what the job has left (the pending-barrier limit bounds it), and a job that always
-# has some in flight when the upstream commits the epoch it was to join at would chase
-# the upstream for ever, one worker round trip behind.
-
-
 def _pyformat(*statements: str) -> str:
     """Statements in psycopg2's parameter style, to go to the server in one round trip."""
     return ";\n".join(re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", q.strip()) for q in statements)
 
 
-# A commit folds the collects in with these, in this order, in two round trips (each of
-# them its own took a round trip and SQLAlchemy's handling, at every commit): the second
-# statement list answers with the jobs created, the third with the barriers' latencies.
+# A commit's statements, in this order, in two round trips: each had had a round trip
+# and SQLAlchemy's handling of its own, at every commit of every graph (bench/HISTORY.md,
+# 2026-11-28 16:45). The first answers with the jobs it created, the second with the
+# barriers' latencies.
 _FOLD_COLLECTS = _pyformat(
     _PERSIST_VNODES,
     _SKIPPED_EVENTS,  # before the splits' rows are overwritten
@@ -321,6 +314,13 @@ _FOLD_COLLECTS = _pyformat(
 )
 _MARK = _pyformat(_UNPIN_CREATED, _MARK_COMMITTED)
 
+
+# The lowest epoch a creating graph's last barrier opened (a main epoch not committed
+# yet): the main graph commits nothing at or after it meanwhile, for MERGE_HOLD_MS after
+# that barrier went out at most. The job's replay still in flight then counts too: it
+# is what the job has left (the pending-barrier limit bounds it), and a job that always
+# has some in flight when the upstream commits the epoch it was to join at would chase
+# the upstream for ever, one worker round trip behind.
 _MERGE_CEILING = text(
     """
     SELECT min(g.current_epoch) FROM graphs g JOIN barriers b
