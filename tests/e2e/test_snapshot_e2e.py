@@ -28,6 +28,7 @@ from tests.kit.e2e import (
     wait_for,
 )
 from tests.kit.live import RestartableServer, worker_processes
+from tests.kit.meta import main_committed_epochs, scalar
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -72,26 +73,6 @@ def assert_exact_at(http: httpx.Client, job: int, epochs: list[int]) -> None:
     assert not bad, (len(epochs), bad[:5], bad[-5:], len(bad))
 
 
-def main_open_epoch(db: Database) -> int:
-    with db.engine.connect() as conn:
-        return int(conn.execute(text("SELECT current_epoch FROM graphs WHERE id = 1")).scalar_one())
-
-
-def quiet_after(db: Database, epoch: int) -> list[int]:
-    """The main graph's committed epochs after ``epoch``."""
-    with db.engine.connect() as conn:
-        return [
-            int(e)
-            for e in conn.execute(
-                text(
-                    "SELECT prev_epoch FROM barriers WHERE graph_id = 1 AND prev_epoch > :e"
-                    " AND state = 'committed' ORDER BY prev_epoch"
-                ),
-                {"e": epoch},
-            ).scalars()
-        ]
-
-
 def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
     cluster: tuple[httpx.Client, Worker], db: Database
 ) -> None:
@@ -116,9 +97,13 @@ def test_snapshot_backfill_is_exact_at_every_replayed_epoch(
         # a few upstream epochs that change nothing: the replay skips them (the MV must
         # be exact at them all the same)
         with writer.paused():
-            open_epoch = main_open_epoch(db)
-            wait_for(lambda: len(quiet_after(db, open_epoch)) >= 3, what="quiet epochs")
-            quiet = quiet_after(db, open_epoch)
+            open_epoch = scalar(db, "SELECT current_epoch FROM graphs WHERE id = 1")
+
+            def quiet_now() -> list[int]:
+                return [e for e in main_committed_epochs(db) if e > open_epoch]
+
+            wait_for(lambda: len(quiet_now()) >= 3, what="quiet epochs")
+            quiet = quiet_now()
 
         last: dict = {}  # type: ignore[type-arg]
 

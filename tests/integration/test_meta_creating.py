@@ -19,7 +19,14 @@ from service.meta.creating import fake_epoch_after, merge_ceiling
 from service.meta.loop import CREATING, MetaLoop
 from service.usecases import jobs as jobs_usecase
 from tests.integration.test_health_and_errors import assert_error
-from tests.kit.meta import FakeWorker, actors_of, barriers_of, committed_epoch, manual_api
+from tests.kit.meta import (
+    FakeWorker,
+    actors_of,
+    barriers_of,
+    committed_epoch,
+    main_committed_epochs,
+    manual_api,
+)
 
 TABLE = {
     "name": "orders",
@@ -72,10 +79,6 @@ def graph_of_job(db: Database, job: int) -> Graph | None:
 
 def main_closed_epochs(db: Database) -> list[int]:
     return [b.prev_epoch for b in barriers_of(db, 1) if b.prev_epoch > 0]
-
-
-def main_committed_epochs(db: Database) -> list[int]:
-    return [b.prev_epoch for b in barriers_of(db, 1) if b.prev_epoch > 0 and b.state == "committed"]
 
 
 def test_a_snapshot_backfill_runs_apart_then_merges(

@@ -152,6 +152,11 @@ def barriers_of(db: Database, graph_id: int = 1) -> list[Barrier]:
         )
 
 
+def main_committed_epochs(db: Database) -> list[int]:
+    """The epochs the main graph's kept history committed, in order."""
+    return [b.prev_epoch for b in barriers_of(db) if b.prev_epoch > 0 and b.state == "committed"]
+
+
 def scalar(db: Database, sql: str, **params: Any) -> Any:
     """One value a query gives, in a connection of its own."""
     with db.engine.connect() as conn:
