@@ -55,11 +55,13 @@ def inject(
     checkpoint_frequency: int,
     max_inflight: int,
     source_marks: Marks | None = None,
+    merge_hold: bool = True,
 ) -> Barrier | None:
     """Inject the next barrier into a running graph (None when held back).
 
     With ``source_marks`` (the main graph) the barrier also fixes how far each source
-    advances in the epoch it opens."""
+    advances in the epoch it opens. ``merge_hold`` False: no creating graph exists, so no
+    merge hold is looked for (``try_complete``)."""
     graph = lock_graph(session, graph_id)
     if graph.state != "running":
         return None
@@ -67,16 +69,11 @@ def inject(
         select(func.count()).where(Barrier.graph_id == graph_id, Barrier.state != "committed")
     ).scalar_one()
     if inflight >= max_inflight:
-        try_complete(session, graph)  # what a merge hold kept back may commit now
+        try_complete(session, graph, merge_hold)  # what a merge hold kept back may commit now
         return None
     prev = graph.current_epoch
     release_holds(session, graph_id, prev)  # a publication writing at or below it ends first
     curr = next_epoch(prev, now_ms)
-    graph.barrier_seq += 1
-    if prev == 0:
-        kind = "initial"
-    else:
-        kind = "checkpoint" if graph.barrier_seq % checkpoint_frequency == 0 else "barrier"
     mutation = pop_mutation(session, graph_id)
     if source_marks is not None:
         elapsed = max(0, physical_time(curr) - physical_time(prev)) if prev else 0
@@ -85,6 +82,13 @@ def inject(
             mutation = {**(mutation or {}), "splits": split_change}
     if mutation:
         apply_lifetimes(session, mutation, curr)
+    # the graph's row changes after the statements above (each flushes what changed
+    # before it): one UPDATE of it, with the barrier's INSERT
+    graph.barrier_seq += 1
+    if prev == 0:
+        kind = "initial"
+    else:
+        kind = "checkpoint" if graph.barrier_seq % checkpoint_frequency == 0 else "barrier"
     barrier = Barrier(
         graph_id=graph_id, prev_epoch=prev, curr_epoch=curr, kind=kind, mutation=mutation
     )
@@ -92,7 +96,7 @@ def inject(
     graph.current_epoch = curr
     session.flush()
     metrics.BARRIERS_INJECTED.labels(str(graph_id), kind).inc()
-    try_complete(session, graph)
+    try_complete(session, graph, merge_hold)
     return barrier
 
 
@@ -348,10 +352,11 @@ def settle(session: Session, graph_id: int) -> None:
         try_complete(session, graph)
 
 
-def try_complete(session: Session, graph: Graph) -> int | None:
+def try_complete(session: Session, graph: Graph, merge_hold: bool = True) -> int | None:
     """Complete barriers in order and commit at the last complete checkpoint.
 
     The graph row must be locked by the caller. Returns the newly committed epoch.
+    ``merge_hold`` False: the caller knows no creating graph exists (none can hold it).
     """
     session.flush()
     pending = session.execute(_PENDING, {"g": graph.id}).all()
@@ -364,13 +369,18 @@ def try_complete(session: Session, graph: Graph) -> int | None:
         if collected < required:
             break
         complete = i + 1
-        if kind in COMMIT_KINDS and not ceiling_read:
+        if kind in COMMIT_KINDS and not ceiling_read and merge_hold:
             ceiling, ceiling_read = merge_ceiling(session, graph), True
         if kind in COMMIT_KINDS and (ceiling is None or prev < ceiling):
             commit_at = (curr, prev)
             # rows/s is measured in upstream time: a creating graph's epochs are fake
             clock = upstream if upstream is not None else prev
-    newly = [row[0] for row in pending[:complete] if row[3] == "inflight"]
+    # the barriers the commit marks go straight to committed (``_MARK_COMMITTED``)
+    newly = [
+        row[0]
+        for row in pending[:complete]
+        if row[3] == "inflight" and (commit_at is None or row[0] > commit_at[0])
+    ]
     if newly:
         session.execute(
             update(Barrier)

@@ -64,10 +64,11 @@ class SourceWatcher:
 
     def refresh(self) -> None:
         """One round over all sources (also called directly by tests)."""
-        with self.db.transaction() as s:
-            sources = [
-                (x.id, KafkaSpec.from_json(x.kafka)) for x in s.execute(select(Source)).scalars()
-            ]
+        # one statement outside a transaction: it runs at every barrier interval
+        sources = [
+            (x.id, KafkaSpec.from_json(x.kafka))
+            for x in self.db.all_alone(select(Source.id, Source.kafka), {})
+        ]
         live = {sid for sid, _ in sources}
         for sid in list(self._probes):
             if sid not in live:
@@ -154,6 +155,8 @@ def advance(
     """Fix every source's offsets at the end of epoch ``curr``; returns the split change
     (actor -> all its splits) for partitions that appeared."""
     split_change: dict[str, list[str]] = {}
+    if not marks:
+        return split_change  # no source has marks (none exists): none advances
     for source in session.execute(select(Source).order_by(Source.id)).scalars():
         seen = marks.get(source.id)
         if not seen:

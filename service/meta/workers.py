@@ -347,16 +347,13 @@ def poll(
     while True:
         seen = signal.generation if signal is not None else 0
         left = deadline - time.monotonic()
-        with db.transaction() as s:
-            # waiting costs one small query a round; the assignments only when answering
-            answer = left <= 0 or s.execute(_ANY_READY, {"w": worker_id}).first() is not None
-            result = (
-                PollAnswer(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
-                if answer
-                else None
-            )
-        if result is not None and (result.has_barriers or left <= 0):
-            return result
+        # waiting costs one small statement a wake, outside a transaction (every main
+        # barrier wakes every long poll); the assignments only when answering
+        if left <= 0 or db.first_alone(_ANY_READY, {"w": worker_id}) is not None:
+            with db.transaction() as s:
+                result = PollAnswer(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
+            if result.has_barriers or left <= 0:
+                return result
         # woken at once by this process's injections and collects; re-checks now and
         # then for those of other replicas
         if signal is not None:

@@ -73,7 +73,7 @@ def connect_params(engine: Engine) -> dict[str, str]:
 def test_the_control_planes_engines_pass_the_tls_settings_to_psycopg2() -> None:
     db = Database(f"{URL}&options=-c%20statement_timeout%3D5s")  # engines connect lazily
     try:
-        for engine in (db.engine, db.readers):
+        for engine in (db.engine, db.readers, db.loop_engine):
             params = connect_params(engine)
             assert {k: params[k] for k in TLS} == TLS
             assert params["options"] == f"-c statement_timeout=5s {NO_JIT}"

@@ -1,0 +1,157 @@
+"""What the barrier loop's rounds cost Postgres: at 100 ms barriers they run ten times a
+second for as long as the service runs, beside every backfill (bench/HISTORY.md,
+2026-11-28 19:30). Statements are counted as SQLAlchemy sends them, on every engine."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg2
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import event, text
+from sqlalchemy.exc import DBAPIError
+
+from service.db import Database
+from service.meta.loop import CREATING, MAIN, MetaLoop
+from tests.kit.e2e import wait_for
+from tests.kit.meta import FakeWorker, barriers_of, committed_epoch, make_job, manual_api
+
+TABLE = {
+    "name": "orders",
+    "columns": [{"name": "id", "type": "bigint"}, {"name": "v", "type": "text"}],
+    "primary_key": ["id"],
+}
+
+
+@contextmanager
+def statements(db: Database) -> Iterator[dict[str, list[str]]]:
+    """The statements sent meanwhile, per engine: ``engine`` (transactions of requests),
+    ``loop`` (the barrier loop's transactions), ``readers`` (statements outside one)."""
+    seen: dict[str, list[str]] = {"engine": [], "loop": [], "readers": []}
+    engines = {"engine": db.engine, "loop": db.loop_engine, "readers": db.readers}
+    hooks = {}
+    for name, engine in engines.items():
+
+        def count(_c: Any, _cur: Any, statement: str, *_: Any, name: str = name) -> None:
+            seen[name].append(" ".join(statement.split()))
+
+        hooks[name] = count
+        event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        for name, engine in engines.items():
+            event.remove(engine, "before_cursor_execute", hooks[name])
+
+
+def test_an_idle_main_round_without_creating_graphs_asks_nothing_about_them(
+    db: Database, fresh_db_url: str
+) -> None:
+    """Without a creating graph, the main graph's round looks for no merge, no lag cap
+    and no merge hold (a creating graph made since the round listed the graphs has no
+    barrier yet: only the loop injects), and lists the graphs outside a transaction."""
+    with manual_api(db, fresh_db_url) as (client, loop):
+        assert client.post("/v1/tables", json=TABLE).status_code == 201
+        loop.tick()
+        with statements(db) as seen:
+            loop.tick(MAIN)
+        sent = seen["loop"] + seen["readers"] + seen["engine"]
+        about_creating = [s for s in sent if "graphs.kind = " in s or "lag_ms" in s]
+        assert about_creating == [] and not any("min(g.current_epoch)" in s for s in sent)
+        assert [s for s in seen["readers"] if "FROM graphs g" in s], "the graphs listed alone"
+        assert not [s for s in seen["loop"] if "FROM graphs g LEFT JOIN jobs" in s]
+        # one transaction for the main graph's round, its barrier committed in it
+        assert any(s.startswith("INSERT INTO barriers") for s in seen["loop"])
+        assert len(seen["loop"]) <= 14, seen["loop"]
+        assert {b.state for b in barriers_of(db)} == {"committed"}
+
+
+def test_a_creating_graph_in_phase_1_costs_a_round_not_due_for_it_no_statement(
+    db: Database, fresh_db_url: str
+) -> None:
+    """At 100 ms barriers nine regular rounds in ten are not due for phase 1: they leave a
+    creating graph in phase 1 alone, without a transaction for it; the due one and a
+    round asked for still inject its barrier."""
+    with manual_api(db, fresh_db_url, barrier_interval_ms=100) as (client, loop):
+        w = FakeWorker(client).register()
+        assert client.post("/v1/tables", json=TABLE).status_code == 201
+        for _ in range(3):
+            loop.tick()
+        body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
+        assert client.post("/v1/jobs", json=body | {"parallelism": 1}).status_code == 202
+        loop.tick()  # the initial barrier of the creating graph
+        w.collect_all()
+        loop.tick(CREATING, regular=True)  # the due round: a fake epoch
+        w.collect_all()
+        with db.engine.connect() as conn:
+            graph_id = conn.execute(
+                text("SELECT id FROM graphs WHERE kind = 'creating'")
+            ).scalar_one()
+        before = len(barriers_of(db, graph_id))
+        with statements(db) as seen:
+            for _ in range(9):
+                loop.tick(CREATING, regular=True)
+        assert seen["loop"] == [] and seen["engine"] == [], seen
+        assert len(seen["readers"]) == 9  # the graphs listed, once a round
+        assert len(barriers_of(db, graph_id)) == before
+        loop.tick(CREATING, regular=True)  # due again
+        assert len(barriers_of(db, graph_id)) == before + 1
+        w.collect_all()
+        loop.tick(CREATING)  # asked for: at once
+        assert len(barriers_of(db, graph_id)) == before + 2
+
+
+def looks(sent: list[str]) -> list[str]:
+    """A long poll's looks for a barrier ready for its worker (``_ANY_READY``)."""
+    return [x for x in sent if "FROM barrier_collects c" in x and x.endswith("LIMIT 1")]
+
+
+def test_a_waiting_long_poll_looks_in_one_statement_outside_a_transaction(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """A long poll looks for its barriers at every wake and every ``RECHECK_S``, as long
+    as it waits: one statement each, no transaction (no BEGIN, COMMIT or pre-ping);
+    the assignments are read in one once a barrier is there."""
+    client, loop = manual
+    w = FakeWorker(client).register()
+    make_job(db, "j", parallelism=1)
+    answers: list[list[dict[str, Any]]] = []
+    with statements(db) as seen:
+        poller = threading.Thread(
+            target=lambda: answers.append(w.poll(timeout_ms=20_000)), daemon=True
+        )
+        poller.start()
+        wait_for(lambda: len(looks(seen["readers"])) >= 3, timeout=30, what="three looks")
+        waiting = list(seen["engine"])
+        loop.tick()  # the barrier that adds the job's actor
+        client.app.state.ctx.signal.notify()  # type: ignore[attr-defined]
+        poller.join(timeout=30)
+    assert looks(waiting) == [], "a look in a transaction"
+    assert answers and [len(a["barriers"]) for a in answers[0]] == [1]
+
+
+def test_the_loop_connects_anew_after_its_connection_died(
+    manual: tuple[TestClient, MetaLoop], db: Database
+) -> None:
+    """The loop's connections have no pre-ping: a round on a dead one fails (``run``
+    recovers as after any failed round) and the round after it connects anew."""
+    _client, loop = manual
+    loop.tick()
+    with db.loop_engine.connect() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    admin = psycopg2.connect(db.libpq_url)
+    admin.autocommit = True
+    try:
+        with admin.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        before = committed_epoch(db)
+        with pytest.raises(DBAPIError):
+            loop.tick(MAIN)
+        loop.tick(MAIN)
+        assert committed_epoch(db) > before
+    finally:
+        admin.close()
