@@ -181,8 +181,9 @@ class MetaLoop:
         # since) has none yet, so the main graph's round may leave out what concerns
         # creating graphs (their merges, lag caps and merge holds) as if it came later
         creating_graphs = any(kind == "creating" for _, kind, _ in graphs)
-        # a creating graph in phase 1 has nothing to do in a round not due for it (its
-        # barrier ending phase 1 is asked for by the collect that consumed the snapshot)
+        # a creating graph in phase 1 has nothing to do in a round not due for it: the
+        # barrier after its reads ran out, and the one ending phase 1, are asked for
+        # (the worker's poll, the collect that consumed the snapshot), due ones at latest
         waiting = set() if phase1_due else {g.id for g in listed if g.in_phase1}
         changed = False
         for graph_id, kind, state in graphs:
@@ -238,7 +239,7 @@ class MetaLoop:
         creating_graphs: bool,
     ) -> bool:
         """One graph's round; False: it changed nothing (a creating graph that injected
-        nothing: in phase 1 most of its rounds at short intervals)."""
+        nothing)."""
         if state == "recovering":
             recovery.recover(s, graph_id, now)
         elif kind == "creating":
