@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
 from pydantic_core import from_json, to_json
-from sqlalchemy import Engine, Executable, Row, create_engine, make_url, text
+from sqlalchemy import Connection, Engine, Executable, Row, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -144,22 +144,17 @@ class Database:
         two round trips fewer, for reads that pollers make many times a second. A
         connection that turns out dead (Postgres restarted) is retried once on a new one:
         the readers' pool has no pre-ping."""
-        rows = self._alone(statement, params, first=True)
-        return rows[0] if rows else None
+        return self._alone(lambda conn: conn.execute(statement, params).first())
 
     def all_alone(self, statement: Executable, params: dict[str, Any]) -> list[Row[Any]]:
         """Every row of one read-only statement, as ``first_alone`` reads it."""
-        return self._alone(statement, params, first=False)
+        return self._alone(lambda conn: list(conn.execute(statement, params).all()))
 
-    def _alone(self, statement: Executable, params: dict[str, Any], first: bool) -> list[Row[Any]]:
+    def _alone(self, read: Callable[[Connection], T]) -> T:
         for attempt in (1, 2):
             try:
                 with self.readers.connect() as conn:
-                    result = conn.execute(statement, params)
-                    if first:
-                        row = result.first()
-                        return [] if row is None else [row]
-                    return list(result.all())
+                    return read(conn)
             except DBAPIError as e:
                 if attempt == 2 or not e.connection_invalidated:
                     raise

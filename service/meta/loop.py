@@ -175,22 +175,21 @@ class MetaLoop:
         if "main" in kinds and not asked and not (regular and self._leases_checked_lately()):
             self._expire_workers()
         # one statement, outside a transaction (two round trips fewer a round)
-        listed = self.db.all_alone(_GRAPHS, {})
-        graphs = [(g.id, g.kind, g.state) for g in listed]
+        graphs = self.db.all_alone(_GRAPHS, {})
         # only this loop injects barriers: a creating graph the list missed (created
         # since) has none yet, so the main graph's round may leave out what concerns
         # creating graphs (their merges, lag caps and merge holds) as if it came later
-        creating_graphs = any(kind == "creating" for _, kind, _ in graphs)
-        # a creating graph in phase 1 has nothing to do in a round not due for it: the
-        # barrier after its reads ran out, and the one ending phase 1, are asked for
-        # (the worker's poll, the collect that consumed the snapshot), due ones at latest
-        waiting = set() if phase1_due else {g.id for g in listed if g.in_phase1}
+        creating_graphs = any(g.kind == "creating" for g in graphs)
         changed = False
-        for graph_id, kind, state in graphs:
-            if kind in kinds and graph_id not in waiting:
+        for g in graphs:
+            # a creating graph in phase 1 has nothing to do in a round not due for it:
+            # the barrier after its reads ran out, and the one ending phase 1, are asked
+            # for (the worker's poll, the collect that consumed the snapshot), due ones
+            # at the latest
+            if g.kind in kinds and (phase1_due or not g.in_phase1):
                 with self.db.loop_transaction() as s:
                     changed |= self._tick_graph(
-                        s, graph_id, kind, state, now, phase1_due, creating_graphs
+                        s, g.id, g.kind, g.state, now, phase1_due, creating_graphs
                     )
         if changed:
             self.signal.notify()  # a round that changed nothing wakes no long poll
@@ -201,10 +200,10 @@ class MetaLoop:
         self.index_chore.wake()  # a job created since the last round may want its index
         self.ticks += 1
         if self.ticks % GC_EVERY_TICKS == 0:
-            for graph_id, kind, _ in graphs:
+            for g in graphs:
                 with self.db.transaction() as s:
-                    floor = creating.replay_floor(s) if kind == "main" else None
-                    barriers.trim_history(s, graph_id, keep_after=floor)
+                    floor = creating.replay_floor(s) if g.kind == "main" else None
+                    barriers.trim_history(s, g.id, keep_after=floor)
             with self.db.transaction() as s:
                 sources.trim(s)
             self.gc_chore.wake()

@@ -171,26 +171,15 @@ def test_a_page_of_jobs_costs_the_same_queries_whatever_its_size(
     """The list reads each job's names, graph and workers for the whole page at once,
     not once per job (``jobs.facts_of``). No barrier loop runs: every statement counted
     is the request's."""
-    from sqlalchemy import event
-
-    from tests.kit.meta import make_job, manual_api
-
-    statements: list[str] = []
-
-    def count(_conn: Any, _cur: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
+    from tests.kit.meta import make_job, manual_api, statements
 
     with manual_api(db, fresh_db_url) as (client, _):
 
         def listed(n: int) -> int:
-            statements.clear()
-            event.listen(db.engine, "before_cursor_execute", count)
-            try:
+            with statements(db) as seen:
                 page = client.get("/v1/jobs", params={"limit": 100}).json()["jobs"]
-            finally:
-                event.remove(db.engine, "before_cursor_execute", count)
             assert len(page) == n and all(j["mv_table"] for j in page)
-            return len(statements)
+            return len(seen["engine"])
 
         make_job(db, "first", parallelism=1)
         listed(1)  # the first request also reads what the app caches (tokens, settings)
@@ -204,26 +193,14 @@ def test_the_progress_of_a_job_is_one_statement(db: Database, fresh_db_url: str)
     """Dashboards poll the progress route: a job that is no CDC table's is read in one
     statement (the CDC section's read is for CDC jobs only; it doubled p50 under polling,
     bench/HISTORY.md)."""
-    from sqlalchemy import event
-
-    from tests.kit.meta import make_job, manual_api
-
-    statements: list[str] = []
-
-    def count(_conn: Any, _cur: Any, statement: str, *_: Any) -> None:
-        statements.append(statement)
+    from tests.kit.meta import make_job, manual_api, statements
 
     with manual_api(db, fresh_db_url) as (client, _):
         job = make_job(db, "polled", parallelism=2)
         client.get(f"/v1/jobs/{job}/progress")  # the first request reads what the app caches
-        statements.clear()
-        engines = (db.engine, db.readers)  # transactions, and single reads (first_alone)
-        for engine in engines:
-            event.listen(engine, "before_cursor_execute", count)
-        try:
+        with statements(db) as seen:
             r = client.get(f"/v1/jobs/{job}/progress")
-        finally:
-            for engine in engines:
-                event.remove(engine, "before_cursor_execute", count)
+        # transactions, and single reads (first_alone)
+        sent = seen["engine"] + seen["readers"]
         assert r.status_code == 200 and r.json()["cdc"] is None, r.text
-        assert len(statements) == 1, statements
+        assert len(sent) == 1, sent

@@ -26,6 +26,7 @@ from tests.kit.meta import (
     committed_epoch,
     main_committed_epochs,
     manual_api,
+    statements,
 )
 
 TABLE = {
@@ -546,6 +547,35 @@ def test_phase_1_goes_a_barrier_a_second_at_short_intervals(
         assert len(paced) - len(fake) == 1  # one in ten regular rounds
         loop.tick(CREATING)  # asked for: at once
         assert len(barriers_of(db, g.id)) == len(paced) + 1
+
+
+def test_a_creating_graph_in_phase_1_costs_a_round_not_due_for_it_no_statement(
+    db: Database, fresh_db_url: str
+) -> None:
+    """At 100 ms barriers nine regular rounds in ten are not due for phase 1: they leave a
+    creating graph in phase 1 alone, without a transaction for it; the due one and a
+    round asked for still inject its barrier."""
+    with manual_api(db, fresh_db_url, barrier_interval_ms=100) as (client, loop):
+        w = FakeWorker(client).register()
+        job = snapshot_job(client, loop, parallelism=1)
+        loop.tick()  # the initial barrier of the creating graph
+        w.collect_all()
+        loop.tick(CREATING, regular=True)  # the due round: a fake epoch
+        w.collect_all()
+        g = graph_of_job(db, job["id"])
+        assert g is not None
+        before = len(barriers_of(db, g.id))
+        with statements(db) as seen:
+            for _ in range(9):
+                loop.tick(CREATING, regular=True)
+        assert seen["loop"] == [] and seen["engine"] == [], seen
+        assert len(seen["readers"]) == 9  # the graphs listed, once a round
+        assert len(barriers_of(db, g.id)) == before
+        loop.tick(CREATING, regular=True)  # due again
+        assert len(barriers_of(db, g.id)) == before + 1
+        w.collect_all()
+        loop.tick(CREATING)  # asked for: at once
+        assert len(barriers_of(db, g.id)) == before + 2
 
 
 def test_an_actor_done_reading_asks_for_the_end_of_phase_1_only_with_the_others(

@@ -5,47 +5,30 @@ second for as long as the service runs, beside every backfill (bench/HISTORY.md,
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg2
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import event, text
 from sqlalchemy.exc import DBAPIError
 
 from service.db import Database
-from service.meta.loop import CREATING, MAIN, MetaLoop
+from service.meta.loop import MAIN, MetaLoop
 from tests.kit.e2e import wait_for
-from tests.kit.meta import FakeWorker, barriers_of, committed_epoch, make_job, manual_api
+from tests.kit.meta import (
+    FakeWorker,
+    barriers_of,
+    committed_epoch,
+    make_job,
+    manual_api,
+    statements,
+)
 
 TABLE = {
     "name": "orders",
     "columns": [{"name": "id", "type": "bigint"}, {"name": "v", "type": "text"}],
     "primary_key": ["id"],
 }
-
-
-@contextmanager
-def statements(db: Database) -> Iterator[dict[str, list[str]]]:
-    """The statements sent meanwhile, per engine: ``engine`` (transactions of requests),
-    ``loop`` (the barrier loop's transactions), ``readers`` (statements outside one)."""
-    seen: dict[str, list[str]] = {"engine": [], "loop": [], "readers": []}
-    engines = {"engine": db.engine, "loop": db.loop_engine, "readers": db.readers}
-    hooks = {}
-    for name, engine in engines.items():
-
-        def count(_c: Any, _cur: Any, statement: str, *_: Any, name: str = name) -> None:
-            seen[name].append(" ".join(statement.split()))
-
-        hooks[name] = count
-        event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        for name, engine in engines.items():
-            event.remove(engine, "before_cursor_execute", hooks[name])
 
 
 def test_an_idle_main_round_without_creating_graphs_asks_nothing_about_them(
@@ -68,41 +51,6 @@ def test_an_idle_main_round_without_creating_graphs_asks_nothing_about_them(
         assert any(s.startswith("INSERT INTO barriers") for s in seen["loop"])
         assert len(seen["loop"]) <= 14, seen["loop"]
         assert {b.state for b in barriers_of(db)} == {"committed"}
-
-
-def test_a_creating_graph_in_phase_1_costs_a_round_not_due_for_it_no_statement(
-    db: Database, fresh_db_url: str
-) -> None:
-    """At 100 ms barriers nine regular rounds in ten are not due for phase 1: they leave a
-    creating graph in phase 1 alone, without a transaction for it; the due one and a
-    round asked for still inject its barrier."""
-    with manual_api(db, fresh_db_url, barrier_interval_ms=100) as (client, loop):
-        w = FakeWorker(client).register()
-        assert client.post("/v1/tables", json=TABLE).status_code == 201
-        for _ in range(3):
-            loop.tick()
-        body = {"name": "mv", "upstream": {"table": "orders"}, "backfill": "snapshot"}
-        assert client.post("/v1/jobs", json=body | {"parallelism": 1}).status_code == 202
-        loop.tick()  # the initial barrier of the creating graph
-        w.collect_all()
-        loop.tick(CREATING, regular=True)  # the due round: a fake epoch
-        w.collect_all()
-        with db.engine.connect() as conn:
-            graph_id = conn.execute(
-                text("SELECT id FROM graphs WHERE kind = 'creating'")
-            ).scalar_one()
-        before = len(barriers_of(db, graph_id))
-        with statements(db) as seen:
-            for _ in range(9):
-                loop.tick(CREATING, regular=True)
-        assert seen["loop"] == [] and seen["engine"] == [], seen
-        assert len(seen["readers"]) == 9  # the graphs listed, once a round
-        assert len(barriers_of(db, graph_id)) == before
-        loop.tick(CREATING, regular=True)  # due again
-        assert len(barriers_of(db, graph_id)) == before + 1
-        w.collect_all()
-        loop.tick(CREATING)  # asked for: at once
-        assert len(barriers_of(db, graph_id)) == before + 2
 
 
 def looks(sent: list[str]) -> list[str]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi.testclient import TestClient
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
 
 from backfill_core.schema import Column, ColumnType, TableSchema
 from service.api.app import create_app
@@ -155,6 +155,28 @@ def barriers_of(db: Database, graph_id: int = 1) -> list[Barrier]:
 def main_committed_epochs(db: Database) -> list[int]:
     """The epochs the main graph's kept history committed, in order."""
     return [b.prev_epoch for b in barriers_of(db) if b.prev_epoch > 0 and b.state == "committed"]
+
+
+@contextmanager
+def statements(db: Database) -> Iterator[dict[str, list[str]]]:
+    """The statements sent meanwhile, per engine, as SQLAlchemy sends them: ``engine``
+    (transactions of requests), ``loop`` (the barrier loop's transactions), ``readers``
+    (single statements outside a transaction)."""
+    seen: dict[str, list[str]] = {"engine": [], "loop": [], "readers": []}
+    engines = {"engine": db.engine, "loop": db.loop_engine, "readers": db.readers}
+    hooks = {}
+    for name, engine in engines.items():
+
+        def count(_c: Any, _cur: Any, statement: str, *_: Any, name: str = name) -> None:
+            seen[name].append(" ".join(statement.split()))
+
+        hooks[name] = count
+        event.listen(engine, "before_cursor_execute", count)
+    try:
+        yield seen
+    finally:
+        for name, engine in engines.items():
+            event.remove(engine, "before_cursor_execute", hooks[name])
 
 
 def scalar(db: Database, sql: str, **params: Any) -> Any:
