@@ -14,6 +14,7 @@ from sqlalchemy.exc import DBAPIError
 
 from service.db import Database
 from service.meta.loop import MAIN, MetaLoop
+from tests.integration.test_meta_creating import TABLE
 from tests.kit.e2e import wait_for
 from tests.kit.meta import (
     FakeWorker,
@@ -23,12 +24,6 @@ from tests.kit.meta import (
     manual_api,
     statements,
 )
-
-TABLE = {
-    "name": "orders",
-    "columns": [{"name": "id", "type": "bigint"}, {"name": "v", "type": "text"}],
-    "primary_key": ["id"],
-}
 
 
 def test_an_idle_main_round_without_creating_graphs_asks_nothing_about_them(
