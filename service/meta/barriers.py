@@ -5,24 +5,26 @@ control-plane replicas can serve collects while one leader injects: a barrier is
 committed twice or out of order. Table DML holds the same row ``FOR SHARE``, so the
 injection that closes an epoch waits for the DML still writing into it; an import
 publishing at an epoch ahead holds that epoch's hold, which the injection closing an
-epoch at or past it waits for (``service.meta.epochs.release_holds``).
+epoch at or past it waits for (``service.meta.epochs.RELEASE_HOLDS``).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, text, update
+from sqlalchemy import and_, delete, or_, select, text, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from backfill_core.epoch import physical_time
-from service.catalog import events
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
 from service.db import raw_cursor
 from service.meta import metrics, sources
-from service.meta.epochs import next_epoch, release_holds
+from service.meta.epochs import RELEASE_HOLDS, next_epoch
 from service.meta.placement import place_unplaced
 from service.meta.sources import Marks
 from state_store.locks import GRAPH_GATE_LOCK
@@ -56,48 +58,65 @@ def inject(
     max_inflight: int,
     source_marks: Marks | None = None,
     merge_hold: bool = True,
-) -> Barrier | None:
-    """Inject the next barrier into a running graph (None when held back).
+) -> int | None:
+    """Inject the next barrier into a running graph; the epoch it opens (None when held
+    back).
 
     With ``source_marks`` (the main graph) the barrier also fixes how far each source
     advances in the epoch it opens. ``merge_hold`` False: no creating graph exists, so no
-    merge hold is looked for (``try_complete``)."""
-    graph = lock_graph(session, graph_id)
-    if graph.state != "running":
-        return None
-    inflight = session.execute(
-        select(func.count()).where(Barrier.graph_id == graph_id, Barrier.state != "committed")
-    ).scalar_one()
-    if inflight >= max_inflight:
-        try_complete(session, graph, merge_hold)  # what a merge hold kept back may commit now
-        return None
-    prev = graph.current_epoch
-    release_holds(session, graph_id, prev)  # a publication writing at or below it ends first
-    curr = next_epoch(prev, now_ms)
-    mutation = pop_mutation(session, graph_id)
-    if source_marks is not None:
-        elapsed = max(0, physical_time(curr) - physical_time(prev)) if prev else 0
-        split_change = sources.advance(session, prev, curr, elapsed, source_marks)
-        if split_change:
-            mutation = {**(mutation or {}), "splits": split_change}
-    if mutation:
-        apply_lifetimes(session, mutation, curr)
-    # the graph's row changes after the statements above (each flushes what changed
-    # before it): one UPDATE of it, with the barrier's INSERT
-    graph.barrier_seq += 1
-    if prev == 0:
-        kind = "initial"
-    else:
-        kind = "checkpoint" if graph.barrier_seq % checkpoint_frequency == 0 else "barrier"
-    barrier = Barrier(
-        graph_id=graph_id, prev_epoch=prev, curr_epoch=curr, kind=kind, mutation=mutation
-    )
-    session.add(barrier)
-    graph.current_epoch = curr
-    session.flush()
-    metrics.BARRIERS_INJECTED.labels(str(graph_id), kind).inc()
-    try_complete(session, graph, merge_hold)
-    return barrier
+    merge hold is looked for (``try_complete``). The graph's row is read and written
+    with plain statements, a round's in three round trips when it carries no mutation
+    and no source moves (docs/architecture.md#epochs-and-barriers): a Graph object the
+    session holds is expired."""
+    session.flush()  # what the caller changed, before the plain statements
+    with raw_cursor(session) as cur:
+        cur.execute(_LOCK_ROUND, {"g": graph_id})
+        row = cur.fetchone()
+        if row is None or row[0] != "running":
+            return None
+        _, kind, prev, committed, seq, inflight, pending = row
+        if inflight >= max_inflight:
+            # what a merge hold kept back may commit now
+            _complete(cur, graph_id, kind, committed, _pending(cur, graph_id), merge_hold)
+            _expire_graph(session, graph_id)
+            return None
+        curr = next_epoch(prev, now_ms)
+        mutation = pop_mutation(session, graph_id) if pending else None
+        if source_marks:
+            elapsed = max(0, physical_time(curr) - physical_time(prev)) if prev else 0
+            split_change = sources.advance(session, prev, curr, elapsed, source_marks)
+            if split_change:
+                mutation = {**(mutation or {}), "splits": split_change}
+        if mutation:
+            apply_lifetimes(session, mutation, curr)
+        session.flush()
+        seq += 1
+        if prev == 0:
+            barrier_kind = "initial"
+        else:
+            barrier_kind = "checkpoint" if seq % checkpoint_frequency == 0 else "barrier"
+        params = {
+            "g": graph_id,
+            "prev": prev,
+            "curr": curr,
+            "kind": barrier_kind,
+            "mutation": None if mutation is None else json.dumps(mutation),
+            "seq": seq,
+            "closing": prev,
+        }
+        cur.execute(_INJECT, params)
+        pending_rows = cur.fetchall()
+        metrics.BARRIERS_INJECTED.labels(str(graph_id), barrier_kind).inc()
+        _complete(cur, graph_id, kind, committed, pending_rows, merge_hold)
+    _expire_graph(session, graph_id)
+    return curr
+
+
+def _expire_graph(session: Session, graph_id: int) -> None:
+    """A Graph object of the session is stale once plain statements wrote its row."""
+    held = session.identity_map.get(identity_key(Graph, graph_id))
+    if held is not None:
+        session.expire(held)
 
 
 def _next_pending(session: Session, graph_id: int) -> PendingMutation | None:
@@ -158,8 +177,7 @@ def required_actors(graph_id: int, curr: int) -> Any:
 
 # One statement tells, for every uncommitted barrier in order, how many actors must
 # collect it and how many did (this runs on every collect: keep it to one round trip).
-_PENDING = text(
-    """
+_PENDING_SQL = """
     SELECT b.curr_epoch, b.prev_epoch, b.kind, b.state, b.upstream_epoch,
       (SELECT count(*) FROM actors a
         WHERE a.graph_id = b.graph_id AND a.first_epoch <= b.curr_epoch
@@ -172,7 +190,6 @@ _PENDING = text(
     WHERE b.graph_id = :g AND b.state <> 'committed'
     ORDER BY b.curr_epoch
     """
-)
 
 _PERSIST_VNODES = """
     INSERT INTO vnode_progress (job_id, vnode, state, current_pos, row_count, epoch)
@@ -275,14 +292,19 @@ _FINISH_ACTORS = """
       WHERE graph_id = :g AND curr_epoch <= :curr AND finished)
     """
 
+# a job is created with its event
 _FINISH_JOBS = """
-    UPDATE jobs j SET state = 'created', finished_epoch = :prev, updated_at = now()
-    WHERE j.graph_id = :g AND j.state = 'creating'
-      AND EXISTS (SELECT 1 FROM graphs g WHERE g.id = :g AND g.kind = 'main')
-      AND EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL)
-      AND NOT EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL
-                      AND a.state <> 'finished')
-    RETURNING j.id
+    WITH finished AS (
+      UPDATE jobs j SET state = 'created', finished_epoch = :prev, updated_at = now()
+      WHERE j.graph_id = :g AND j.state = 'creating'
+        AND EXISTS (SELECT 1 FROM graphs g WHERE g.id = :g AND g.kind = 'main')
+        AND EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL)
+        AND NOT EXISTS (SELECT 1 FROM actors a WHERE a.job_id = j.id AND a.last_epoch IS NULL
+                        AND a.state <> 'finished')
+      RETURNING j.id
+    )
+    INSERT INTO events (job_id, kind, data)
+    SELECT id, 'created', jsonb_build_object('epoch', CAST(:prev AS bigint)) FROM finished
     """
 
 # backfill pins (a chain's fixed snapshot) end when the job is created
@@ -303,11 +325,15 @@ def _pyformat(*statements: str) -> str:
     return ";\n".join(re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", q.strip()) for q in statements)
 
 
-# A commit's statements, in this order, in two round trips: each had had a round trip
-# and SQLAlchemy's handling of its own, at every commit of every graph (bench/HISTORY.md,
-# 2026-11-28 16:45). The first answers with the jobs it created, the second with the
-# barriers' latencies.
-_FOLD_COLLECTS = _pyformat(
+_COMMITTED_EPOCH = (
+    "UPDATE graphs SET committed_epoch = greatest(committed_epoch, :prev) WHERE id = :g"
+)
+
+# A commit's statements, in this order, in one round trip, answered with the barriers'
+# latencies: each had had a round trip and SQLAlchemy's handling of its own, at every
+# commit of every graph (bench/HISTORY.md, 2026-11-28 16:45 and 2026-11-29 00:00).
+_COMMIT = _pyformat(
+    _COMMITTED_EPOCH,
     _PERSIST_VNODES,
     _SKIPPED_EVENTS,  # before the splits' rows are overwritten
     _PERSIST_SPLITS,
@@ -315,8 +341,36 @@ _FOLD_COLLECTS = _pyformat(
     _JOB_PROGRESS,
     _FINISH_ACTORS,
     _FINISH_JOBS,
+    _UNPIN_CREATED,
+    _MARK_COMMITTED,
 )
-_MARK = _pyformat(_UNPIN_CREATED, _MARK_COMMITTED)
+_MARK_COLLECTED = (
+    "UPDATE barriers SET state = 'collected' WHERE graph_id = %(g)s AND curr_epoch = ANY(%(newly)s)"
+)
+_PENDING = _pyformat(_PENDING_SQL)
+
+# A round's graph row, locked, with its barriers in flight and whether a mutation waits;
+# the SELECT after the lock sees what a collect committed while the lock was waited for
+_LOCK_ROUND = _pyformat(
+    "SELECT 1 FROM graphs WHERE id = :g FOR UPDATE",
+    """
+    SELECT g.state, g.kind, g.current_epoch, g.committed_epoch, g.barrier_seq,
+      (SELECT count(*) FROM barriers b WHERE b.graph_id = g.id AND b.state <> 'committed'),
+      EXISTS (SELECT 1 FROM pending_mutations p WHERE p.graph_id = g.id)
+    FROM graphs g WHERE g.id = :g
+    """,
+)
+# A barrier's injection, answered with ``_PENDING``: the holds of publications at or
+# below the epoch it closes go first (``RELEASE_HOLDS`` waits for them)
+_INJECT = _pyformat(
+    RELEASE_HOLDS,
+    """
+    INSERT INTO barriers (graph_id, prev_epoch, curr_epoch, kind, mutation, state)
+    VALUES (:g, :prev, :curr, :kind, CAST(:mutation AS jsonb), 'inflight')
+    """,
+    "UPDATE graphs SET barrier_seq = :seq, current_epoch = :curr WHERE id = :g",
+    _PENDING_SQL,
+)
 
 
 # The lowest epoch a creating graph's last barrier opened (a main epoch not committed
@@ -325,7 +379,7 @@ _MARK = _pyformat(_UNPIN_CREATED, _MARK_COMMITTED)
 # is what the job has left (the pending-barrier limit bounds it), and a job that always
 # has some in flight when the upstream commits the epoch it was to join at would chase
 # the upstream for ever, one worker round trip behind.
-_MERGE_CEILING = text(
+_MERGE_CEILING = _pyformat(
     """
     SELECT min(g.current_epoch) FROM graphs g JOIN barriers b
       ON b.graph_id = g.id AND b.curr_epoch = g.current_epoch
@@ -338,11 +392,16 @@ _MERGE_CEILING = text(
 def merge_ceiling(session: Session, graph: Graph) -> int | None:
     """The main epoch a creating graph's last barrier in flight opened (None: no job is
     about to join the main graph, or ``graph`` is not the main graph)."""
-    if graph.kind != "main":
+    with raw_cursor(session) as cur:
+        return _merge_ceiling(cur, graph.kind, graph.committed_epoch)
+
+
+def _merge_ceiling(cur: Any, kind: str, committed_epoch: int) -> int | None:
+    if kind != "main":
         return None
-    params = {"committed": graph.committed_epoch, "hold_s": MERGE_HOLD_MS / 1000}
-    ceiling = session.execute(_MERGE_CEILING, params).scalar_one_or_none()
-    return None if ceiling is None else int(ceiling)
+    cur.execute(_MERGE_CEILING, {"committed": committed_epoch, "hold_s": MERGE_HOLD_MS / 1000})
+    row = cur.fetchone()
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def settle(session: Session, graph_id: int) -> None:
@@ -359,19 +418,41 @@ def try_complete(session: Session, graph: Graph, merge_hold: bool = True) -> int
     ``merge_hold`` False: the caller knows no creating graph exists (none can hold it).
     """
     session.flush()
-    pending = session.execute(_PENDING, {"g": graph.id}).all()
+    with raw_cursor(session) as cur:
+        pending = _pending(cur, graph.id)
+        committed = _complete(cur, graph.id, graph.kind, graph.committed_epoch, pending, merge_hold)
+    if committed is not None and committed > graph.committed_epoch:
+        set_committed_value(graph, "committed_epoch", committed)
+    return committed
+
+
+def _pending(cur: Any, graph_id: int) -> list[tuple[Any, ...]]:
+    cur.execute(_PENDING, {"g": graph_id})
+    return list(cur.fetchall())
+
+
+def _complete(
+    cur: Any,
+    graph_id: int,
+    kind: str,
+    committed_epoch: int,
+    pending: list[tuple[Any, ...]],
+    merge_hold: bool,
+) -> int | None:
+    """``try_complete`` on the rows of ``_PENDING``: marks what is complete, commits at
+    its last checkpoint (one round trip for both); the epoch committed, if any."""
     complete = 0
     commit_at = None
     clock = None
     ceiling: int | None = None
     ceiling_read = False
-    for i, (curr, prev, kind, _state, upstream, required, collected) in enumerate(pending):
+    for i, (curr, prev, bkind, _state, upstream, required, collected) in enumerate(pending):
         if collected < required:
             break
         complete = i + 1
-        if kind in COMMIT_KINDS and not ceiling_read and merge_hold:
-            ceiling, ceiling_read = merge_ceiling(session, graph), True
-        if kind in COMMIT_KINDS and (ceiling is None or prev < ceiling):
+        if bkind in COMMIT_KINDS and not ceiling_read and merge_hold:
+            ceiling, ceiling_read = _merge_ceiling(cur, kind, committed_epoch), True
+        if bkind in COMMIT_KINDS and (ceiling is None or prev < ceiling):
             commit_at = (curr, prev)
             # rows/s is measured in upstream time: a creating graph's epochs are fake
             clock = upstream if upstream is not None else prev
@@ -381,32 +462,24 @@ def try_complete(session: Session, graph: Graph, merge_hold: bool = True) -> int
         for row in pending[:complete]
         if row[3] == "inflight" and (commit_at is None or row[0] > commit_at[0])
     ]
-    if newly:
-        session.execute(
-            update(Barrier)
-            .where(Barrier.graph_id == graph.id, Barrier.curr_epoch.in_(newly))
-            .values(state="collected")
-        )
+    statements = [_MARK_COLLECTED] if newly else []
+    params: dict[str, Any] = {"g": graph_id, "newly": newly}
+    if commit_at is not None:
+        statements.append(_COMMIT)
+        params |= {"curr": commit_at[0], "prev": commit_at[1], "clock": clock}
+        params["window"] = RATE_WINDOW_MS
+    if statements:
+        cur.execute(";\n".join(statements), params)
     committed = None
     if commit_at is not None:
-        curr, prev = commit_at
-        params = {"g": graph.id, "curr": curr, "prev": prev}
-        graph.committed_epoch = max(graph.committed_epoch, prev)
-        session.flush()
-        with raw_cursor(session) as cur:
-            cur.execute(_FOLD_COLLECTS, {**params, "clock": clock, "window": RATE_WINDOW_MS})
-            finished = [(jid, {"epoch": prev}) for (jid,) in cur.fetchall()]
-            events.record_many(session, "created", finished)
-            session.flush()
-            cur.execute(_MARK, params)
-            for (latency,) in cur.fetchall():
-                metrics.BARRIER_LATENCY.labels(str(graph.id)).observe(max(0.0, float(latency)))
-        committed = prev
-    metrics.INFLIGHT_BARRIERS.labels(str(graph.id)).set(
+        for (latency,) in cur.fetchall():
+            metrics.BARRIER_LATENCY.labels(str(graph_id)).observe(max(0.0, float(latency)))
+        committed = commit_at[1]
+        committed_epoch = max(committed_epoch, committed)
+    metrics.INFLIGHT_BARRIERS.labels(str(graph_id)).set(
         len(pending) - (sum(1 for r in pending if commit_at and r[0] <= commit_at[0]))
     )
-    metrics.COMMITTED_EPOCH.labels(str(graph.id)).set(graph.committed_epoch)
-    session.flush()
+    metrics.COMMITTED_EPOCH.labels(str(graph_id)).set(committed_epoch)
     return committed
 
 

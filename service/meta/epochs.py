@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 from sqlalchemy.orm import Session
 
 from backfill_core.epoch import Epoch
@@ -66,14 +66,14 @@ def drop_hold(session: Session, holder: str) -> None:
     session.execute(delete(EpochHold).where(EpochHold.holder == holder))
 
 
+# (the barrier's injection sends it with its other statements: ``service.meta.barriers``)
+RELEASE_HOLDS = "DELETE FROM epoch_holds WHERE graph_id = :g AND epoch <= :closing"
+
+
 def release_holds(session: Session, graph_id: int, closing: int) -> None:
     """Before a barrier closes ``closing``: wait for the publications writing at or below
     it (they hold their rows ``FOR SHARE``) and drop those holds (stale ones too)."""
-    session.execute(
-        delete(EpochHold)
-        .where(EpochHold.graph_id == graph_id, EpochHold.epoch <= closing)
-        .execution_options(synchronize_session=False)
-    )
+    session.execute(text(RELEASE_HOLDS), {"g": graph_id, "closing": closing})
 
 
 def wait_committed(db: Database, graph_id: int, epoch: int, timeout_s: float) -> bool:

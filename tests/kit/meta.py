@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg2
 from fastapi.testclient import TestClient
 from sqlalchemy import event, select, text
 
@@ -159,24 +160,54 @@ def main_committed_epochs(db: Database) -> list[int]:
 
 @contextmanager
 def statements(db: Database) -> Iterator[dict[str, list[str]]]:
-    """The statements sent meanwhile, per engine, as SQLAlchemy sends them: ``engine``
-    (transactions of requests), ``loop`` (the barrier loop's transactions), ``readers``
-    (single statements outside a transaction)."""
+    """What is sent meanwhile, per engine, one entry a round trip (several statements
+    sent together are one entry, joined by ``;``): ``engine`` (transactions of
+    requests), ``loop`` (the barrier loop's transactions), ``readers`` (single
+    statements outside a transaction). Every cursor of a connection checked out
+    meanwhile counts, SQLAlchemy's and plain ones (``raw_cursor``); ``BEGIN``,
+    ``COMMIT`` and the pool's pre-ping do not."""
     seen: dict[str, list[str]] = {"engine": [], "loop": [], "readers": []}
     engines = {"engine": db.engine, "loop": db.loop_engine, "readers": db.readers}
-    hooks = {}
+    hooks: dict[str, tuple[Any, Any]] = {}
     for name, engine in engines.items():
+        counting = _counting_cursor(seen[name])
 
-        def count(_c: Any, _cur: Any, statement: str, *_: Any, name: str = name) -> None:
-            seen[name].append(" ".join(statement.split()))
+        def out(dbapi: Any, _record: Any, _proxy: Any, counting: Any = counting) -> None:
+            dbapi.cursor_factory = counting
 
-        hooks[name] = count
-        event.listen(engine, "before_cursor_execute", count)
+        def back(dbapi: Any, _record: Any) -> None:
+            if dbapi is not None:
+                dbapi.cursor_factory = psycopg2.extensions.cursor
+
+        hooks[name] = (out, back)
+        event.listen(engine, "checkout", out)
+        event.listen(engine, "checkin", back)
     try:
         yield seen
     finally:
         for name, engine in engines.items():
-            event.remove(engine, "before_cursor_execute", hooks[name])
+            event.remove(engine, "checkout", hooks[name][0])
+            event.remove(engine, "checkin", hooks[name][1])
+
+
+def _counting_cursor(sink: list[str]) -> type[Any]:
+    class Counting(psycopg2.extensions.cursor):  # type: ignore[misc]
+        def _keep(self, query: Any) -> None:
+            if isinstance(query, bytes):
+                query = query.decode()
+            elif not isinstance(query, str):
+                query = query.as_string(self)
+            sink.append(" ".join(query.split()))
+
+        def execute(self, query: Any, params: Any = None) -> Any:
+            self._keep(query)
+            return super().execute(query, params)
+
+        def executemany(self, query: Any, params: Any) -> Any:
+            self._keep(query)
+            return super().executemany(query, params)
+
+    return Counting
 
 
 def scalar(db: Database, sql: str, **params: Any) -> Any:

@@ -51,7 +51,9 @@ class MutationSet:
 # alone, so VersionedTable.last_write_wins is checked only through the snapshot reads)
 COMMIT_FUNCTIONS = (
     "service.meta.barriers.x_try_complete__mutmut_*",
+    "service.meta.barriers.x__complete__mutmut_*",
     "service.meta.barriers.x_merge_ceiling__mutmut_*",
+    "service.meta.barriers.x__merge_ceiling__mutmut_*",
     "service.meta.barriers.x_trim_history__mutmut_*",
     "spark_workers.actors.x_fence__mutmut_*",
     "spark_workers.actors.xǁActorRunnerǁ_fence__mutmut_*",
