@@ -94,6 +94,8 @@ class MetaLoop:
         self.is_leader = threading.Event()
         self.ticks = 0
         self.creating_rounds = 0  # regular rounds of the creating graphs (``run``)
+        # the last list of the graphs had a creating graph (or none was listed yet)
+        self.creating_listed = True
         self.leases_checked_at = -math.inf  # monotonic time of the last ``_expire_workers``
         # off this thread: a large MV's epoch index, or a large GC, takes a while
         self.indexer = EpochIndexer(db)
@@ -174,12 +176,18 @@ class MetaLoop:
             self.creating_rounds += 1
         if "main" in kinds and not asked and not (regular and self._leases_checked_lately()):
             self._expire_workers()
+        if regular and kinds == CREATING and not self.creating_listed:
+            # the main round half an interval ago listed no creating graph: one created
+            # since asked for a round of its own (``BarrierSignal``), or was created by
+            # another replica and waits for the next main round's list, as its asks do
+            return
         # one statement, outside a transaction (two round trips fewer a round)
         graphs = self.db.all_alone(_GRAPHS, {})
         # only this loop injects barriers: a creating graph the list missed (created
         # since) has none yet, so the main graph's round may leave out what concerns
         # creating graphs (their merges, lag caps and merge holds) as if it came later
         creating_graphs = any(g.kind == "creating" for g in graphs)
+        self.creating_listed = creating_graphs
         changed = False
         for g in graphs:
             # a creating graph in phase 1 has nothing to do in a round not due for it:

@@ -50,6 +50,34 @@ def test_an_idle_main_round_without_creating_graphs_asks_nothing_about_them(
         assert {b.state for b in barriers_of(db)} == {"committed"}
 
 
+def test_a_regular_creating_round_after_a_main_round_that_listed_none_sends_nothing(
+    db: Database, fresh_db_url: str
+) -> None:
+    """A regular creating round half an interval after a main round that listed no
+    creating graph sends nothing; a creating graph made since (as by another replica,
+    whose ask does not reach this loop) is listed by the next main round and gets its
+    first barrier in the creating round after it."""
+    from service.meta.loop import CREATING
+    from tests.integration.test_meta_creating import graph_of_job, snapshot_job
+
+    with manual_api(db, fresh_db_url) as (client, loop):
+        FakeWorker(client).register()
+        job = snapshot_job(client, loop, parallelism=1)  # its graph made after the lists
+        loop.tick(MAIN, regular=True)
+        g = graph_of_job(db, job["id"])
+        assert g is not None and barriers_of(db, g.id) == []
+        loop.tick(CREATING, regular=True)
+        assert len(barriers_of(db, g.id)) == 1  # listed by the main round: ticked
+        client.delete(f"/v1/jobs/{job['id']}")
+        loop.tick()
+        loop.tick()
+        assert graph_of_job(db, job["id"]) is None
+        loop.tick(MAIN, regular=True)  # lists no creating graph
+        with statements(db) as seen:
+            loop.tick(CREATING, regular=True)
+        assert seen == {"engine": [], "loop": [], "readers": []}, seen
+
+
 def looks(sent: list[str]) -> list[str]:
     """A long poll's looks for a barrier ready for its worker (``_ANY_READY``)."""
     return [x for x in sent if "FROM barrier_collects c" in x and x.endswith("LIMIT 1")]
