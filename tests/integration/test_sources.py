@@ -312,3 +312,26 @@ def test_a_read_cut_short_by_its_limit_ends_after_its_last_message(kafka: MockKa
                 assert scan.end == first + kept, (p, start, limit)
     finally:
         client.close()
+
+
+def test_the_watcher_looks_for_sources_at_the_interval_once_one_exists(
+    db: Database, fresh_db_url: str, kafka: MockKafka
+) -> None:
+    """With no source the watcher looks every ``NO_SOURCE_WAIT_S`` (ten times fewer
+    looks at 100 ms barriers); once a source exists, at every barrier interval."""
+    from service.meta.sources import NO_SOURCE_WAIT_S
+
+    settings = Settings(database_url=fresh_db_url, run_barrier_loop=False)
+    watcher = SourceWatcher(db, 0.1, probe_factory=ScriptedProbe)
+    watcher.refresh()
+    assert watcher.next_wait_s() == NO_SOURCE_WAIT_S
+    from service.api.app import create_app
+
+    kafka.produce("clicks", [(0, {"user_id": 1})])
+    with api_client(create_app(settings, db)) as client:
+        r = client.post("/v1/sources", json=spec(kafka))
+        assert r.status_code == 201, r.text
+    ScriptedProbe.marks = {p: (0, 1) for p in range(MOCK_PARTITIONS)}
+    watcher.refresh()
+    assert watcher.next_wait_s() == 0.1
+    assert SourceWatcher(db, 2.0).next_wait_s() == 2.0  # never more often than asked
