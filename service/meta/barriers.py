@@ -331,7 +331,7 @@ _COMMITTED_EPOCH = (
 
 # A commit's statements, in this order, in one round trip, answered with the barriers'
 # latencies: each had had a round trip and SQLAlchemy's handling of its own, at every
-# commit of every graph (bench/HISTORY.md, 2026-11-28 16:45 and 2026-11-29 00:00).
+# commit of every graph (bench/HISTORY.md, 2026-11-28 16:45 and 23:30).
 _COMMIT = _pyformat(
     _COMMITTED_EPOCH,
     _PERSIST_VNODES,
