@@ -328,13 +328,58 @@ class Run:
                 raise ChaosFailure(f"job {job}: progress went back {self.highest[job]} -> {rows}")
             self.highest[job] = rows
 
+    def key_history(self, job: int, keys: list[Any]) -> str:
+        """What an inexact view's keys went through, for the failure's report: every
+        version of them in the upstream and in the view, the graph's committed epoch and
+        recovery count, and the job's events (its recoveries among them)."""
+        out: list[str] = []
+        try:
+            conn = psycopg2.connect(to_libpq_url(self.database_url), connect_timeout=5)
+        except psycopg2.Error as e:
+            return f"(no key history: {e})"
+        try:
+            with conn.cursor() as cur:
+                for side in ("upstream_relation_id", "mv_relation_id"):
+                    # the column names are this module's constants, not input
+                    cur.execute(
+                        f"SELECT r.storage_table FROM jobs j JOIN relations r ON r.id = j.{side} "
+                        "WHERE j.id = %s",
+                        [job],
+                    )
+                    row = cur.fetchone()
+                    if row is None or not keys:
+                        continue
+                    cur.execute(
+                        f'SELECT * FROM store."{row[0]}" WHERE id = ANY(%s) ORDER BY id, _epoch',
+                        [keys],
+                    )
+                    names = [d[0] for d in cur.description]
+                    out.append(f"{side} {row[0]} ({', '.join(names)}):")
+                    out += [f"  {r}" for r in cur.fetchall()]
+                cur.execute("SELECT committed_epoch, current_epoch, recovery_seq FROM graphs")
+                out.append(f"graphs (committed, current, recovery_seq): {cur.fetchall()}")
+                cur.execute(
+                    "SELECT id, kind, data, created_at FROM events WHERE job_id = %s ORDER BY id",
+                    [job],
+                )
+                out += [f"  event {r}" for r in cur.fetchall()]
+        except psycopg2.Error as e:
+            out.append(f"(key history cut short: {e})")
+        finally:
+            conn.close()
+        return "\n".join(out)
+
     def verify(self, http: httpx.Client, job: int, epochs: int) -> None:
         seen: set[int] = set()
 
         def equal_at_more_epochs() -> bool:
             v = self.api(http, "GET", f"/v1/jobs/{job}/verify")
             if not v["equal"]:
-                raise ChaosFailure(f"job {job} is not exact at epoch {v['epoch']}: {v}")
+                keys = sorted({r["id"] for r in v["missing"] + v["unexpected"] if "id" in r})
+                raise ChaosFailure(
+                    f"job {job} is not exact at epoch {v['epoch']}: {v}\n"
+                    + self.key_history(job, keys)
+                )
             self.outcome.checks += 1
             seen.add(int(v["epoch"]))
             return len(seen) >= epochs
