@@ -51,6 +51,9 @@ class RecoveredEvent(EventData):
 
     reason: str | None
     recovery_seq: int
+    epoch: EpochJson | None = Field(
+        default=None, description="the committed epoch it started again from"
+    )
 
 
 class PhaseChangedEvent(EventData):

@@ -179,7 +179,10 @@ def recover(session: Session, graph_id: int, now_ms: int) -> bool:
     events.record_many(
         session,
         "recovered",
-        [(j, {"reason": reason, "recovery_seq": graph.recovery_seq}) for j in jobs],
+        [
+            (j, {"reason": reason, "recovery_seq": graph.recovery_seq, "epoch": committed})
+            for j in jobs
+        ],
     )
     log.warning("graph %s recovered from epoch %s (%s)", graph_id, committed, reason)
     from service.meta.barriers import try_complete
