@@ -35,7 +35,7 @@ from spark_workers.rounds import RoundsJob
 from spark_workers.settings import WorkerSettings, load_worker_settings
 from spark_workers.source_actor import SourceRunner
 from spark_workers.spark_path import SparkPath
-from state_store.options import worker_dsn
+from state_store.options import flush_wal, worker_dsn
 
 Runner = ActorRunner | SourceRunner | CdcRunner
 
@@ -277,6 +277,8 @@ class Worker:
         gone = before - set(self.runners)
         assignments = [a for a in assignments if a.actor_id not in gone]
         collects = self._barriers(assignments)
+        if collects and self.conn is not None:
+            flush_wal(self.conn)  # what the collects vouch for survives a crash of Postgres
         for strategy in self.reads.all:
             strategy.after_barrier()  # reads go on while the barriers are collected
         self._collect(collects)

@@ -1,16 +1,30 @@
 """libpq options of the connections to the store's Postgres (control plane and workers)."""
 
+from typing import Any
+
 # The store's reads are many short index walks (a UNION ALL branch per vnode): a server
 # built with LLVM would JIT-compile every branch, which costs far more than the query
 # itself (bench/HISTORY.md#jit-off).
 NO_JIT = "-c jit=off"
-# A worker's writes need not wait for the WAL flush: they count only once the control
-# plane commits their epoch, and that commit (synchronous) flushes the WAL up to itself,
-# past every write the workers committed before collecting. Waiting would add a flush
+# A worker's writes need not wait for the WAL flush one by one: waiting would add a flush
 # per actor, read and epoch, which the upstream's commits queue behind on a shared
-# server. A crash before the epoch's commit loses the epoch either way (recovery rolls
-# the view back to the committed epoch).
+# server. They are flushed once, before the collects that vouch for them go out
+# (``flush_wal``): a collect outlives a crash of Postgres (the worker sends it again once
+# the server is back), and without the flush it committed an epoch whose writes the
+# crash had lost (docs/architecture.md#the-workers).
 WORKER_DATA_OPTIONS = NO_JIT + " -c synchronous_commit=off"
+
+
+def flush_wal(conn: Any) -> None:
+    """Commit a transaction of ``conn`` that waits for the WAL flush: every write committed
+    before it, by any connection, is then durable. (A commit waits only when its
+    transaction wrote WAL: a transactional logical message is the smallest such write.)"""
+    with conn.cursor() as cur:
+        cur.execute(
+            "SET LOCAL synchronous_commit = on; "
+            "SELECT pg_logical_emit_message(true, 'backfill', 'flush')"
+        )
+    conn.commit()
 
 
 def with_options(given: str | None, ours: str) -> str:
