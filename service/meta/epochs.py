@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from backfill_core.epoch import Epoch
@@ -37,7 +37,7 @@ def reserve_hold(db: Database, holder: str, floor: int, lead_ms: int, now_unix_m
     """Commit a hold of an epoch at least ``lead_ms`` ahead of now and of the main
     graph's open epoch, and above ``floor``; the epoch. Taken after any barrier under
     way commits (the graph's row ``FOR KEY SHARE``), so every barrier that could close
-    the epoch sees the hold (``release_holds``)."""
+    the epoch sees the hold (``RELEASE_HOLDS``)."""
     with db.transaction() as s:
         current = s.execute(
             select(Graph.current_epoch)
@@ -66,14 +66,10 @@ def drop_hold(session: Session, holder: str) -> None:
     session.execute(delete(EpochHold).where(EpochHold.holder == holder))
 
 
-# (the barrier's injection sends it with its other statements: ``service.meta.barriers``)
+# Before a barrier closes ``:closing``: wait for the publications writing at or below it
+# (they hold their rows ``FOR SHARE``) and drop those holds (stale ones too). The
+# barrier's injection sends it with its other statements (``service.meta.barriers``).
 RELEASE_HOLDS = "DELETE FROM epoch_holds WHERE graph_id = :g AND epoch <= :closing"
-
-
-def release_holds(session: Session, graph_id: int, closing: int) -> None:
-    """Before a barrier closes ``closing``: wait for the publications writing at or below
-    it (they hold their rows ``FOR SHARE``) and drop those holds (stale ones too)."""
-    session.execute(text(RELEASE_HOLDS), {"g": graph_id, "closing": closing})
 
 
 def wait_committed(db: Database, graph_id: int, epoch: int, timeout_s: float) -> bool:

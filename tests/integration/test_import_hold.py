@@ -14,6 +14,7 @@ import psycopg2
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from service.db import Database
 from tests.integration.test_imports_api import _import, _report, _stage, _worker
@@ -149,6 +150,9 @@ def test_a_barrier_waits_for_a_held_epoch_only_and_drops_a_passed_one(db: Databa
     from backfill_core.epoch import Epoch
     from service.meta import epochs
 
+    def release(s: Session, closing: int) -> None:  # as the main graph's barrier does
+        s.execute(text(epochs.RELEASE_HOLDS), {"g": 1, "closing": closing})
+
     now = 1_800_000_000_000
     first = epochs.reserve_hold(db, "import:1", 0, 5_000, now)
     assert first == Epoch.from_unix_ms(now + 5_000)
@@ -159,12 +163,12 @@ def test_a_barrier_waits_for_a_held_epoch_only_and_drops_a_passed_one(db: Databa
         with db.transaction() as barrier:  # one closing an epoch at or past it waits
             barrier.execute(text("SET LOCAL lock_timeout = '100ms'"))
             with pytest.raises(OperationalError):
-                epochs.release_holds(barrier, 1, first)
+                release(barrier, first)
         with db.transaction() as barrier:  # one closing an earlier epoch does not
-            epochs.release_holds(barrier, 1, first - 1)
+            release(barrier, first - 1)
         epochs.drop_hold(held, "import:1")
     with db.transaction() as barrier:  # a hold nobody holds (a rolled-back one): dropped
-        epochs.release_holds(barrier, 1, later)
+        release(barrier, later)
     with db.transaction() as s:
         assert not epochs.hold_kept(s, "import:2", later)  # passed: reserve again
         assert s.execute(text("SELECT count(*) FROM epoch_holds")).scalar() == 0
