@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator
+import re
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
+import psycopg2
 from pydantic_core import from_json, to_json
 from sqlalchemy import Connection, Engine, Executable, Row, create_engine, make_url, text
 from sqlalchemy.exc import DBAPIError
@@ -150,6 +154,21 @@ class Database:
         """Every row of one read-only statement, as ``first_alone`` reads it."""
         return self._alone(lambda conn: list(conn.execute(statement, params).all()))
 
+    def rows_alone(self, statement: Prepared, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """Every row of one prepared read-only statement, as ``first_alone`` reads it."""
+        for attempt in (1, 2):
+            with self.readers.connect() as conn:
+                try:
+                    with conn.connection.dbapi_connection.cursor() as cur:  # type: ignore[union-attr]
+                        cur.execute(statement.ready(cur), params)
+                        return list(cur.fetchall())
+                except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                    # psycopg2's own error on a dead connection: SQLAlchemy does not see it
+                    conn.invalidate()
+                    if attempt == 2:
+                        raise
+        raise AssertionError("unreachable")
+
     def _alone(self, read: Callable[[Connection], T]) -> T:
         for attempt in (1, 2):
             try:
@@ -187,3 +206,55 @@ def unique_violation(error: Exception) -> str | None:
     if getattr(orig, "pgcode", None) != "23505":  # unique_violation
         return None
     return getattr(getattr(orig, "diag", None), "constraint_name", None)
+
+
+_PARAM = re.compile(r"(?<![:\w]):(\w+)")
+
+
+class Prepared:
+    """Statements (``:name`` parameters) that Postgres parses and plans
+    once per connection (``PREPARE``) and runs by name (``EXECUTE``), all in one round
+    trip: the barrier loop sends the same ones at every round of every graph, and
+    parsing and planning them was most of Postgres's work in a round
+    (bench/HISTORY.md, 2026-11-29 02:40). ``types``: each parameter's SQL type.
+
+    A prepared statement lasts as long as its session, whatever becomes of the
+    transaction that prepared it; so each is prepared in a call of its own, and counted
+    as prepared only once that call succeeded."""
+
+    _done: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+    _lock = threading.Lock()
+
+    def __init__(self, name: str, types: Mapping[str, str], *statements: str) -> None:
+        self.name = name
+        self._prepare: list[str] = []
+        runs: list[str] = []
+        for i, body in enumerate(q.strip() for q in statements):
+            names = list(dict.fromkeys(_PARAM.findall(body)))
+            numbered = _PARAM.sub(functools.partial(_numbered, names), body)
+            declared = f"({', '.join(types[n] for n in names)})" if names else ""
+            self._prepare.append(f"PREPARE {name}_{i}{declared} AS {numbered}")
+            args = f"({', '.join(f'%({n})s' for n in names)})" if names else ""
+            runs.append(f"EXECUTE {name}_{i}{args}")
+        self.text = ";\n".join(runs)
+
+    def ready(self, cur: Any) -> str:
+        """The text that runs the statements on ``cur``'s connection (psycopg2's
+        parameters), preparing them there first if they are not yet."""
+        conn = cur.connection
+        with self._lock:
+            done = self._done.setdefault(conn, set())
+            if self.name in done:
+                return self.text
+        for i, statement in enumerate(self._prepare):
+            if f"{self.name}_{i}" not in done:
+                cur.execute(statement)
+                with self._lock:
+                    done.add(f"{self.name}_{i}")
+        with self._lock:
+            done.add(self.name)
+        return self.text
+
+
+def _numbered(names: list[str], found: re.Match[str]) -> str:
+    return f"${names.index(found.group(1)) + 1}"

@@ -11,7 +11,6 @@ epoch at or past it waits for (``service.meta.epochs.RELEASE_HOLDS``).
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +21,7 @@ from sqlalchemy.orm.util import identity_key
 
 from backfill_core.epoch import physical_time
 from service.catalog.models import Actor, Barrier, BarrierCollect, Graph, PendingMutation
-from service.db import raw_cursor
+from service.db import Prepared, raw_cursor
 from service.meta import metrics, sources
 from service.meta.epochs import RELEASE_HOLDS, next_epoch
 from service.meta.placement import place_unplaced
@@ -70,7 +69,7 @@ def inject(
     session holds is expired."""
     session.flush()  # what the caller changed, before the plain statements
     with raw_cursor(session) as cur:
-        cur.execute(_LOCK_ROUND, {"g": graph_id})
+        cur.execute(_LOCK_ROUND.ready(cur), {"g": graph_id})
         row = cur.fetchone()
         if row is None or row[0] != "running":
             return None
@@ -104,7 +103,7 @@ def inject(
             "seq": seq,
             "closing": prev,
         }
-        cur.execute(_INJECT, params)
+        cur.execute(_INJECT.ready(cur), params)
         pending_rows = cur.fetchall()
         metrics.BARRIERS_INJECTED.labels(str(graph_id), barrier_kind).inc()
         _complete(cur, graph_id, kind, committed, pending_rows, merge_hold)
@@ -320,10 +319,21 @@ _MARK_COMMITTED = """
     """
 
 
-def _pyformat(*statements: str) -> str:
-    """Statements in psycopg2's parameter style, to go to the server in one round trip."""
-    return ";\n".join(re.sub(r"(?<![:\w]):(\w+)", r"%(\1)s", q.strip()) for q in statements)
-
+# the parameters of the statements below, as PREPARE declares them
+_TYPES = {
+    "g": "integer",
+    "prev": "bigint",
+    "curr": "bigint",
+    "clock": "bigint",
+    "window": "bigint",
+    "closing": "bigint",
+    "seq": "bigint",
+    "committed": "bigint",
+    "kind": "text",
+    "mutation": "text",
+    "newly": "bigint[]",
+    "hold_s": "double precision",
+}
 
 _COMMITTED_EPOCH = (
     "UPDATE graphs SET committed_epoch = greatest(committed_epoch, :prev) WHERE id = :g"
@@ -332,7 +342,9 @@ _COMMITTED_EPOCH = (
 # A commit's statements, in this order, in one round trip, answered with the barriers'
 # latencies: each had had a round trip and SQLAlchemy's handling of its own, at every
 # commit of every graph (bench/HISTORY.md, 2026-11-28 16:45 and 23:30).
-_COMMIT = _pyformat(
+_COMMIT = Prepared(
+    "barrier_commit",
+    _TYPES,
     _COMMITTED_EPOCH,
     _PERSIST_VNODES,
     _SKIPPED_EVENTS,  # before the splits' rows are overwritten
@@ -344,14 +356,18 @@ _COMMIT = _pyformat(
     _UNPIN_CREATED,
     _MARK_COMMITTED,
 )
-_MARK_COLLECTED = (
-    "UPDATE barriers SET state = 'collected' WHERE graph_id = %(g)s AND curr_epoch = ANY(%(newly)s)"
+_MARK_COLLECTED = Prepared(
+    "barrier_collected",
+    _TYPES,
+    "UPDATE barriers SET state = 'collected' WHERE graph_id = :g AND curr_epoch = ANY(:newly)",
 )
-_PENDING = _pyformat(_PENDING_SQL)
+_PENDING = Prepared("barrier_pending", _TYPES, _PENDING_SQL)
 
 # A round's graph row, locked, with its barriers in flight and whether a mutation waits;
 # the SELECT after the lock sees what a collect committed while the lock was waited for
-_LOCK_ROUND = _pyformat(
+_LOCK_ROUND = Prepared(
+    "barrier_lock_round",
+    _TYPES,
     "SELECT 1 FROM graphs WHERE id = :g FOR UPDATE",
     """
     SELECT g.state, g.kind, g.current_epoch, g.committed_epoch, g.barrier_seq,
@@ -362,7 +378,9 @@ _LOCK_ROUND = _pyformat(
 )
 # A barrier's injection, answered with ``_PENDING``: the holds of publications at or
 # below the epoch it closes go first (``RELEASE_HOLDS`` waits for them)
-_INJECT = _pyformat(
+_INJECT = Prepared(
+    "barrier_inject",
+    _TYPES,
     RELEASE_HOLDS,
     """
     INSERT INTO barriers (graph_id, prev_epoch, curr_epoch, kind, mutation, state)
@@ -379,13 +397,15 @@ _INJECT = _pyformat(
 # is what the job has left (the pending-barrier limit bounds it), and a job that always
 # has some in flight when the upstream commits the epoch it was to join at would chase
 # the upstream for ever, one worker round trip behind.
-_MERGE_CEILING = _pyformat(
+_MERGE_CEILING = Prepared(
+    "barrier_merge_ceiling",
+    _TYPES,
     """
     SELECT min(g.current_epoch) FROM graphs g JOIN barriers b
       ON b.graph_id = g.id AND b.curr_epoch = g.current_epoch
     WHERE g.kind = 'creating' AND g.state = 'running' AND g.current_epoch > :committed
       AND b.injected_at > clock_timestamp() - make_interval(secs => :hold_s)
-    """
+    """,
 )
 
 
@@ -399,7 +419,9 @@ def merge_ceiling(session: Session, graph: Graph) -> int | None:
 def _merge_ceiling(cur: Any, kind: str, committed_epoch: int) -> int | None:
     if kind != "main":
         return None
-    cur.execute(_MERGE_CEILING, {"committed": committed_epoch, "hold_s": MERGE_HOLD_MS / 1000})
+    cur.execute(
+        _MERGE_CEILING.ready(cur), {"committed": committed_epoch, "hold_s": MERGE_HOLD_MS / 1000}
+    )
     row = cur.fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
@@ -427,7 +449,7 @@ def try_complete(session: Session, graph: Graph, merge_hold: bool = True) -> int
 
 
 def _pending(cur: Any, graph_id: int) -> list[tuple[Any, ...]]:
-    cur.execute(_PENDING, {"g": graph_id})
+    cur.execute(_PENDING.ready(cur), {"g": graph_id})
     return list(cur.fetchall())
 
 
@@ -462,10 +484,10 @@ def _complete(
         for row in pending[:complete]
         if row[3] == "inflight" and (commit_at is None or row[0] > commit_at[0])
     ]
-    statements = [_MARK_COLLECTED] if newly else []
+    statements = [_MARK_COLLECTED.ready(cur)] if newly else []
     params: dict[str, Any] = {"g": graph_id, "newly": newly}
     if commit_at is not None:
-        statements.append(_COMMIT)
+        statements.append(_COMMIT.ready(cur))
         params |= {"curr": commit_at[0], "prev": commit_at[1], "clock": clock}
         params["window"] = RATE_WINDOW_MS
     if statements:

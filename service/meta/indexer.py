@@ -23,10 +23,9 @@ from typing import Any
 
 import psycopg2
 from psycopg2 import errors
-from sqlalchemy import text
 
 from backfill_core.schema import TableSchema
-from service.db import Database
+from service.db import Database, Prepared
 from service.errors import Unavailable
 from state_store.versioned import VersionedTable
 
@@ -35,21 +34,23 @@ log = logging.getLogger(__name__)
 BUILD_LOCK = 0x6D76_6978  # "mvix": the advisory lock's first key (the relation id is the second)
 STOP_BUILD_TIMEOUT_S = 30.0
 
-_PENDING = text(
+# prepared, and read alone: the leader looks up to five times a second (``INDEXER_GAP_S``)
+_PENDING = Prepared(
+    "indexer_pending",
+    {},
     """
     SELECT r.id FROM relations r
     WHERE r.kind = 'mv' AND NOT r.epoch_indexed AND (
       EXISTS (SELECT 1 FROM jobs j WHERE j.mv_relation_id = r.id AND j.state = 'created')
       OR EXISTS (SELECT 1 FROM jobs j WHERE j.upstream_relation_id = r.id))
     ORDER BY r.id
-    """
+    """,
 )
 
 
 def pending(db: Database) -> list[int]:
     """The MVs whose epoch index is due: their job is created, or a job reads them."""
-    with db.transaction() as s:
-        return [int(r) for r in s.execute(_PENDING).scalars()]
+    return [int(row[0]) for row in db.rows_alone(_PENDING, {})]
 
 
 class EpochIndexer:

@@ -12,15 +12,16 @@ import logging
 import math
 import threading
 import time
+from typing import NamedTuple
 
 import psycopg2
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from service import migrate
 from service.catalog.models import Barrier
 from service.clock import Clock, system_clock
-from service.db import Database
+from service.db import Database, Prepared
 from service.meta import barriers, creating, exports, gc, imports, metrics, recovery, sources
 from service.meta.chores import Chore
 from service.meta.indexer import EpochIndexer
@@ -62,14 +63,23 @@ PHASE1_EVERY_MS = 1000
 
 # every graph, and whether it is a creating graph running phase 1's fake epochs (its
 # barriers are due at most every ``PHASE1_EVERY_MS``)
-_GRAPHS = text(
+_GRAPHS = Prepared(
+    "loop_graphs",
+    {},
     """
     SELECT g.id, g.kind, g.state,
       g.kind = 'creating' AND g.state = 'running' AND g.current_epoch > 0
         AND g.current_epoch < coalesce(j.snapshot_epoch, 0) AS in_phase1
     FROM graphs g LEFT JOIN jobs j ON j.id = g.job_id ORDER BY g.id
-    """
+    """,
 )
+
+
+class _Listed(NamedTuple):
+    id: int
+    kind: str
+    state: str
+    in_phase1: bool
 
 
 class MetaLoop:
@@ -182,7 +192,7 @@ class MetaLoop:
             # another replica and waits for the next main round's list, as its asks do
             return
         # one statement, outside a transaction (two round trips fewer a round)
-        graphs = self.db.all_alone(_GRAPHS, {})
+        graphs = [_Listed(*row) for row in self.db.rows_alone(_GRAPHS, {})]
         # only this loop injects barriers: a creating graph the list missed (created
         # since) has none yet, so the main graph's round may leave out what concerns
         # creating graphs (their merges, lag caps and merge holds) as if it came later

@@ -35,7 +35,7 @@ from service.catalog.models import (
     VnodeProgress,
     Worker,
 )
-from service.db import Database, json_text, retry_deadlocks
+from service.db import Database, Prepared, json_text, retry_deadlocks
 from service.errors import Conflict
 from service.meta import failures
 from service.meta.barriers import CollectResult, lock_graph, try_complete
@@ -161,7 +161,8 @@ _READY_BARRIERS = text(
     + _READY_FROM
     + "ORDER BY a.id, b.curr_epoch"
 )
-_ANY_READY = text("SELECT 1" + _READY_FROM + "LIMIT 1")
+# prepared: a long poll looks at every wake (every barrier) and every ``RECHECK_S``
+_ANY_READY = Prepared("poll_any_ready", {"w": "integer"}, "SELECT 1" + _READY_FROM + "LIMIT 1")
 
 
 # A worker's started actors with their graph's incarnation, their job and the storage of
@@ -349,7 +350,7 @@ def poll(
         left = deadline - time.monotonic()
         # waiting costs one small statement a wake, outside a transaction (every main
         # barrier wakes every long poll); the assignments only when answering
-        if left <= 0 or db.first_alone(_ANY_READY, {"w": worker_id}) is not None:
+        if left <= 0 or db.rows_alone(_ANY_READY, {"w": worker_id}):
             with db.transaction() as s:
                 result = PollAnswer(worker_id, lease_ms, _pending(s, worker_id, max_barriers))
             if result.has_barriers or left <= 0:
