@@ -216,7 +216,7 @@ class Prepared:
     once per connection (``PREPARE``) and runs by name (``EXECUTE``), all in one round
     trip: the barrier loop sends the same ones at every round of every graph, and
     parsing and planning them was most of Postgres's work in a round
-    (bench/HISTORY.md, 2026-11-29 02:40). ``types``: each parameter's SQL type.
+    (bench/HISTORY.md, 2026-11-29 02:50). ``types``: each parameter's SQL type.
 
     A prepared statement lasts as long as its session, whatever becomes of the
     transaction that prepared it; so each is prepared in a call of its own, and counted
