@@ -6,6 +6,7 @@ naming the actor that caused them, as a real worker does."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -105,7 +106,8 @@ def test_a_job_failing_always_backs_off_then_fails_alone_and_a_retry_restarts_it
     backoffs = [f["backoff_ms"] for f in progress["failures"]]
     assert backoffs == [1, 2, 4, 4, None]  # doubled, bounded; the last one failed the job
     assert [f["actor_id"] for f in progress["failures"]] == [bad_actor] * 5
-    ats = [f["at"] for f in progress["failures"]]
+    # as times: a whole second's has no fraction in its text ("...:42Z" after "...:42.1Z")
+    ats = [dt.datetime.fromisoformat(f["at"]) for f in progress["failures"]]
     assert ats == sorted(ats)
 
     events = client.get(f"/v1/jobs/{bad}/events", params={"follow": "false"}).text
