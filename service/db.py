@@ -156,27 +156,22 @@ class Database:
 
     def rows_alone(self, statement: Prepared, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """Every row of one prepared read-only statement, as ``first_alone`` reads it."""
-        for attempt in (1, 2):
-            with self.readers.connect() as conn:
-                try:
-                    with conn.connection.dbapi_connection.cursor() as cur:  # type: ignore[union-attr]
-                        cur.execute(statement.ready(cur), params)
-                        return list(cur.fetchall())
-                except (psycopg2.OperationalError, psycopg2.InterfaceError):
-                    # psycopg2's own error on a dead connection: SQLAlchemy does not see it
-                    conn.invalidate()
-                    if attempt == 2:
-                        raise
-        raise AssertionError("unreachable")
+        return self._alone(functools.partial(_prepared_rows, statement, params))
 
     def _alone(self, read: Callable[[Connection], T]) -> T:
         for attempt in (1, 2):
-            try:
-                with self.readers.connect() as conn:
+            with self.readers.connect() as conn:
+                try:
                     return read(conn)
-            except DBAPIError as e:
-                if attempt == 2 or not e.connection_invalidated:
-                    raise
+                except DBAPIError as e:
+                    if attempt == 2 or not e.connection_invalidated:
+                        raise
+                except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                    # a raw cursor's error (``rows_alone``), which SQLAlchemy does not see:
+                    # retried only when the connection is dead
+                    if attempt == 2 or not conn.connection.dbapi_connection.closed:  # type: ignore[union-attr]
+                        raise
+                    conn.invalidate()
         raise AssertionError("unreachable")
 
     def ping(self) -> bool:
@@ -226,14 +221,14 @@ class Prepared:
     _lock = threading.Lock()
 
     def __init__(self, name: str, types: Mapping[str, str], *statements: str) -> None:
-        self.name = name
-        self._prepare: list[str] = []
+        # (each statement's name, its PREPARE)
+        self._prepare: list[tuple[str, str]] = []
         runs: list[str] = []
         for i, body in enumerate(q.strip() for q in statements):
             names = list(dict.fromkeys(_PARAM.findall(body)))
             numbered = _PARAM.sub(functools.partial(_numbered, names), body)
             declared = f"({', '.join(types[n] for n in names)})" if names else ""
-            self._prepare.append(f"PREPARE {name}_{i}{declared} AS {numbered}")
+            self._prepare.append((f"{name}_{i}", f"PREPARE {name}_{i}{declared} AS {numbered}"))
             args = f"({', '.join(f'%({n})s' for n in names)})" if names else ""
             runs.append(f"EXECUTE {name}_{i}{args}")
         self.text = ";\n".join(runs)
@@ -241,19 +236,21 @@ class Prepared:
     def ready(self, cur: Any) -> str:
         """The text that runs the statements on ``cur``'s connection (psycopg2's
         parameters), preparing them there first if they are not yet."""
-        conn = cur.connection
-        with self._lock:
-            done = self._done.setdefault(conn, set())
-            if self.name in done:
-                return self.text
-        for i, statement in enumerate(self._prepare):
-            if f"{self.name}_{i}" not in done:
-                cur.execute(statement)
-                with self._lock:
-                    done.add(f"{self.name}_{i}")
-        with self._lock:
-            done.add(self.name)
+        with self._lock:  # the registry is shared; a connection is one thread's at a time
+            done = self._done.setdefault(cur.connection, set())
+        for name, prepare in self._prepare:
+            if name not in done:
+                cur.execute(prepare)
+                done.add(name)
         return self.text
+
+
+def _prepared_rows(
+    statement: Prepared, params: dict[str, Any], conn: Connection
+) -> list[tuple[Any, ...]]:
+    with conn.connection.dbapi_connection.cursor() as cur:  # type: ignore[union-attr]
+        cur.execute(statement.ready(cur), params)
+        return list(cur.fetchall())
 
 
 def _numbered(names: list[str], found: re.Match[str]) -> str:
