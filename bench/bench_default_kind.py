@@ -14,7 +14,6 @@ Spark is ready (its application and Python workers started at start-up,
 from __future__ import annotations
 
 import statistics
-from contextlib import ExitStack
 from typing import Any
 
 import httpx
@@ -26,7 +25,7 @@ from bench.bench_backfill import PARALLELISM, baseline_again, load_and_insert_se
 from service.db import Database
 from service.settings import Settings
 from tests.kit.auth import http_client
-from tests.kit.live import free_port, live_server
+from tests.kit.live import RestartableServer
 
 # five, not three: a view this small takes about a second, and on a shared VM single runs
 # (the baseline's too) move more than the targets' margins (bench/HISTORY.md, 2026-11-28 10:30)
@@ -51,28 +50,15 @@ def _create(http: httpx.Client, db: Database, name: str, n: int) -> float:
     return seconds
 
 
-class _ControlPlane:
-    """The control plane on one port, started again at the interval a view asks for; the
-    worker process keeps its URL (and its warm Spark) across the restarts."""
+def _settings(url: str, interval_ms: int) -> Settings:
+    return Settings(database_url=url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False)
 
-    def __init__(self, db: Database, url: str) -> None:
-        self.db, self.url, self.port = db, url, free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self._stack: ExitStack | None = None
 
-    def at(self, interval_ms: int) -> httpx.Client:
-        self.close()
-        settings = Settings(
-            database_url=self.url, barrier_interval_ms=interval_ms, spawn_embedded_worker=False
-        )
-        self._stack = ExitStack()
-        self._stack.enter_context(live_server(settings, self.db, self.port))
-        return self._stack.enter_context(http_client(self.base, timeout=1800))
-
-    def close(self) -> None:
-        if self._stack is not None:
-            self._stack.close()
-            self._stack = None
+def _restart(cp: RestartableServer, url: str, interval_ms: int) -> None:
+    """The control plane started again, at ``interval_ms``, on its port: the worker
+    process keeps its URL (and its warm Spark)."""
+    cp.settings = _settings(url, interval_ms)
+    cp.restart()
 
 
 def _runs(
@@ -91,24 +77,24 @@ def _runs(
     another baseline runs. A shared machine's slow spells so fall on both intervals
     alike, not on one block, and on no single first view (bench/HISTORY.md, 2026-11-29
     02:50)."""
-    cp = _ControlPlane(db, url)
     firsts: list[float] = []
     warm: dict[int, list[float]] = {1000: [], 100: []}
-    try:
+    with RestartableServer(_settings(url, 1000), db) as cp:
         for start in range(starts):
-            http = cp.at(1000)
-            with spark_ready_worker(cp.base, f"bench-default-kind-{start}", worker_env):
-                firsts.append(_create(http, db, f"first_{start}", n))
+            if start:
+                _restart(cp, url, 1000)
+            with spark_ready_worker(cp.url, f"bench-default-kind-{start}", worker_env):
+                with http_client(cp.url, timeout=1800) as http:
+                    firsts.append(_create(http, db, f"first_{start}", n))
                 if start < starts - 1:
                     continue
                 for i in range(2 * rounds):
                     interval_ms = 1000 if i % 4 in (0, 3) else 100
-                    http = cp.at(interval_ms)
-                    _create(http, db, f"again_{i}", n)
-                    baselines.append(baseline_again(db, url))
-                    warm[interval_ms].append(_create(http, db, f"warm_{i}", n))
-    finally:
-        cp.close()
+                    _restart(cp, url, interval_ms)
+                    with http_client(cp.url, timeout=1800) as http:
+                        _create(http, db, f"again_{i}", n)
+                        baselines.append(baseline_again(db, url))
+                        warm[interval_ms].append(_create(http, db, f"warm_{i}", n))
     return firsts, warm
 
 
