@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
 
 from backfill_core.epoch import EPOCH_PHYSICAL_SHIFT
-from service.catalog.models import EpochPin, Relation
+from service.catalog.models import EpochPin, Job, Relation
 from service.catalog.queries import fold_row_counts, storage_of
 from service.db import Database, raw_cursor
 
@@ -58,8 +59,10 @@ def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
             rel = s.execute(
                 select(Relation).where(Relation.id == rel_id).with_for_update(skip_locked=True)
             ).scalar_one_or_none()
-            if rel is None or not rel.epoch_indexed:
-                continue  # (an MV without its epoch index yet: GC would scan all of it)
+            if rel is None:
+                continue
+            if not rel.epoch_indexed and _written_by_a_job(s, rel.id):
+                continue  # (an MV or a CDC table under its backfill: GC would scan it all)
             # a pin taken since the query above (an export's, at any readable epoch) holds
             # too: pins are taken holding the relation's row, which this one now holds
             pinned = s.execute(
@@ -74,6 +77,16 @@ def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
             rel.gc_epoch = safe
             results.append(GcResult(rel.name, safe, removed))
     return results
+
+
+def _written_by_a_job(s: Session, rel_id: int) -> bool:
+    """Whether a job writes the relation (an MV's, a CDC table's): until its epoch index
+    is built after that job's backfill, GC would scan the whole relation every run. A
+    plain table is collected without it (scanned) until its index is built, which comes
+    right after its first write (``service.meta.indexer``)."""
+    return (
+        s.execute(select(Job.id).where(Job.mv_relation_id == rel_id).limit(1)).first() is not None
+    )
 
 
 def pin(db: Database, relation: str, holder: str, epoch: int) -> None:

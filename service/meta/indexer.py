@@ -1,17 +1,20 @@
-"""Epoch indexes of MVs, built once their backfill is done.
+"""Epoch indexes of MVs and tables, built once their first load is written.
 
-An MV's table is created with its key index only: a backfill writes every row of the
-MV, and an index on ``_epoch`` kept up row by row cost those writes a third of their
-time (all of an epoch's rows go to one end of it, where the parallel writers queue).
-Built at once afterwards it costs a tenth of that. Until it exists the MV is correct,
-only some reads of it are slower: rollback and change-log reads scan the table, and
-garbage collection leaves it alone (``gc.run_gc``).
+An MV's table, and a user table, is created with its key index only: a backfill writes
+every row of the MV, a first load (a CSV body, an import, a CDC table's backfill) every
+row of the table, and an index on ``_epoch`` kept up row by row cost those writes a
+third of their time or more (all of an epoch's rows go to one end of it, where the
+writers queue). Built at once afterwards it costs a tenth of that. Until it exists the
+relation is correct, only some reads of it are slower: rollback and change-log reads
+scan the table, and garbage collection leaves it alone (``gc.run_gc``).
 
-The leader builds it ``CONCURRENTLY`` (the MV's writers go on meanwhile), on a thread
-of its own (``chores.Chore``), when the MV's job is created, or earlier once another
-job reads the MV (its change logs are read every epoch). One build per MV at a time: a
-session advisory lock on the relation's id, which ``stop_build`` takes to drop the MV,
-cancelling a build under way.
+The leader builds it ``CONCURRENTLY`` (the writers go on meanwhile), on a thread of its
+own (``chores.Chore``): for a relation a job writes (an MV, a CDC table) when that job
+is created; for a plain table once a write of it committed (it has a row count delta);
+for either at once when a job reads it (its change logs are read every epoch). One build
+per relation at a time: a session advisory lock on the relation's id, which
+``stop_build`` takes to drop the relation, cancelling a build under way
+(``docs/architecture.md#layout-and-indexes``).
 """
 
 from __future__ import annotations
@@ -40,16 +43,19 @@ _PENDING = Prepared(
     {},
     """
     SELECT r.id FROM relations r
-    WHERE r.kind = 'mv' AND NOT r.epoch_indexed AND (
-      EXISTS (SELECT 1 FROM jobs j WHERE j.mv_relation_id = r.id AND j.state = 'created')
-      OR EXISTS (SELECT 1 FROM jobs j WHERE j.upstream_relation_id = r.id))
+    WHERE NOT r.epoch_indexed AND (
+      EXISTS (SELECT 1 FROM jobs j WHERE j.upstream_relation_id = r.id)
+      OR CASE WHEN EXISTS (SELECT 1 FROM jobs j WHERE j.mv_relation_id = r.id)
+        THEN EXISTS (SELECT 1 FROM jobs j WHERE j.mv_relation_id = r.id AND j.state = 'created')
+        ELSE EXISTS (SELECT 1 FROM row_count_deltas d WHERE d.relation_id = r.id) END)
     ORDER BY r.id
     """,
 )
 
 
 def pending(db: Database) -> list[int]:
-    """The MVs whose epoch index is due: their job is created, or a job reads them."""
+    """The relations whose epoch index is due: the job writing them is created (an MV, a
+    CDC table), a plain table was written, or a job reads them."""
     return [int(row[0]) for row in db.rows_alone(_PENDING, {})]
 
 
@@ -73,8 +79,9 @@ class EpochIndexer:
         return built
 
     def build(self, rel_id: int) -> bool:
-        """Build one MV's epoch index; False if another build holds it, or the MV is gone
-        (or indexed) meanwhile, or the build was cancelled (by a drop, or ``stop``)."""
+        """Build one relation's epoch index; False if another build holds it, or the
+        relation is gone (or indexed) meanwhile, or the build was cancelled (by a drop, or
+        ``stop``)."""
         conn = psycopg2.connect(self.db.libpq_url)
         conn.autocommit = True  # a concurrent build runs outside a transaction
         self._building = conn
@@ -114,8 +121,8 @@ class EpochIndexer:
 
 
 def stop_build(cur: Any, rel_id: int, timeout_s: float = STOP_BUILD_TIMEOUT_S) -> None:
-    """Hold the MV's build lock until the caller's transaction ends, cancelling a build
-    under way (to drop the MV). Never waits on the lock: a concurrent build waits for
+    """Hold the relation's build lock until the caller's transaction ends, cancelling a
+    build under way (to drop the relation). Never waits on the lock: a concurrent build waits for
     older transactions to end, this one among them, and would deadlock with it."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -32,6 +32,7 @@ from service.catalog.models import MAIN_GRAPH_ID, CdcTable, Job, JobProgress, Re
 from service.catalog.queries import ACTIVE_JOB_STATES, get_relation, storage_of
 from service.db import Database, raw_cursor
 from service.errors import Conflict, Invalid, ServiceError
+from service.meta.indexer import stop_build
 from service.meta.scheduler import place_job_actors
 
 log = logging.getLogger(__name__)
@@ -193,10 +194,11 @@ def create_cdc_table(
                         schema=schema.to_json(),
                         storage_table=name,
                         graph_id=MAIN_GRAPH_ID,
+                        epoch_indexed=False,  # built after its backfill, as an MV's
                     )
                     s.add(rel)
                     s.flush()
-                    storage_of(rel).create(raw_cursor(s))
+                    storage_of(rel).create(raw_cursor(s), epoch_index=False)
                     reader_views.create_view_of(raw_cursor(s), rel)
                     # service-named: the relation's id and a random part (several catalogs
                     # may share an upstream server, whose slot names are server-wide)
@@ -307,6 +309,8 @@ def drop_cdc_table(db: Database, rel_name: str) -> bool:
                     s.delete(job)
             s.delete(row)
             s.flush()
+            if not rel.epoch_indexed:
+                stop_build(raw_cursor(s), rel.id)  # a build would hold the drop up
             reader_views.drop_view_of(raw_cursor(s), rel)
             storage_of(rel).drop(raw_cursor(s))
             s.delete(rel)

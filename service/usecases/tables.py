@@ -36,6 +36,7 @@ from service.clock import Clock
 from service.db import Database, raw_cursor, retry_deadlocks
 from service.errors import BadRequest, Conflict, Gone, Invalid, ServiceError, Timeout
 from service.meta.epochs import table_write_epoch, wait_committed
+from service.meta.indexer import stop_build
 from service.meta.signal import BarrierSignal
 
 # a ``?wait=true`` DML asks for main rounds when barriers are further apart than this
@@ -80,10 +81,11 @@ def create_table(
                 schema=schema.to_json(),
                 storage_table=name,
                 graph_id=MAIN_GRAPH_ID,
+                epoch_indexed=False,  # built after its first write (service.meta.indexer)
             )
             s.add(rel)
             s.flush()
-            storage_of(rel).create(raw_cursor(s))
+            storage_of(rel).create(raw_cursor(s), epoch_index=False)
             reader_views.create_view_of(raw_cursor(s), rel)
             idempotency.created(s, claim, {"table": name})
             return rel
@@ -119,6 +121,8 @@ def drop_table(db: Database, name: str) -> None:
         names = list(readers)
         if names:
             raise Conflict(f"table {name!r} is read by job(s) {', '.join(names)}", {"jobs": names})
+        if not rel.epoch_indexed:
+            stop_build(raw_cursor(s), rel.id)  # a build would hold the drop up
         reader_views.drop_view_of(raw_cursor(s), rel)
         storage_of(rel).drop(raw_cursor(s))
         s.delete(rel)

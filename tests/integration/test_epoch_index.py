@@ -1,11 +1,12 @@
-"""An MV's epoch index comes once its backfill is done, off the barrier loop
-(service/meta/indexer.py); garbage collection runs off it too (service/meta/chores.py)."""
+"""An MV's epoch index comes once its backfill is done, a table's once its first write
+committed, off the barrier loop (service/meta/indexer.py); garbage collection runs off
+it too (service/meta/chores.py)."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -81,7 +82,8 @@ def test_an_mv_gets_its_epoch_index_once_its_job_is_created(manual: Manual, db: 
     job_id = _job(client, "mv")
     mv_id, indexed, table = _mv(db, "mv")
     assert not indexed and _index_state(db, table) is None
-    assert loop.indexer.run_once() == []  # still creating, and no job reads it
+    orders_id = _mv(db, "orders")[0]
+    assert loop.indexer.run_once() == [orders_id]  # not mv: creating, and no job reads it
 
     worker = FakeWorker(client).register()
     for _ in range(20):  # until created, at an epoch after the first (whose prev is 0)
@@ -116,8 +118,41 @@ def test_a_creating_mv_that_a_job_reads_is_indexed_at_once(manual: Manual, db: D
     assert _state(client, first) == "creating"
     first_id, _, table = _mv(db, "first")
     second_id, _, _ = _mv(db, "second")
-    assert loop.indexer.run_once() == [first_id]  # not second: nothing reads it yet
+    orders_id = _mv(db, "orders")[0]
+    # (not second: nothing reads it yet)
+    assert loop.indexer.run_once() == [orders_id, first_id]
     assert _index_state(db, table) == "valid"
+
+
+def test_a_table_gets_its_epoch_index_once_its_first_write_committed(
+    manual: Manual, db: Database
+) -> None:
+    client, loop = manual
+    create(client)
+    orders_id, indexed, table = _mv(db, "orders")
+    assert not indexed and _index_state(db, table) is None
+    assert loop.indexer.run_once() == []  # nothing written yet
+    for ops in ([ins(i) for i in range(3)], [{"op": "update", "row": {"id": 0, "amount": "2"}}]):
+        # the first load is written without an epoch index to keep up
+        r = client.post("/v1/tables/orders/dml", json={"ops": ops})
+        assert r.status_code == 200, r.text
+        loop.tick()  # (the next write goes at a later epoch)
+    for _ in range(3):  # committed epochs past the writes
+        loop.tick()
+    # a plain table is collected without its epoch index (scanned)
+    assert {r.relation: r.removed_versions for r in gc.run_gc(db, retention_ms=0)} == {"orders": 1}
+    assert loop.indexer.run_once() == [orders_id]
+    assert _mv(db, "orders")[1] and _index_state(db, table) == "valid"
+    assert loop.indexer.run_once() == []
+
+
+def test_dropping_a_table_cancels_its_build_under_way(manual: Manual, db: Database) -> None:
+    client, _ = manual
+    create(client)
+    orders_id = _mv(db, "orders")[0]
+    outcome = _build_under_way(db, orders_id, lambda: client.delete("/v1/tables/orders"))
+    assert outcome and isinstance(outcome[0], errors.QueryCanceled)
+    assert not EpochIndexer(db).build(orders_id)  # gone: nothing to build
 
 
 def test_an_invalid_index_left_by_a_failed_build_is_built_again(
@@ -159,11 +194,18 @@ def test_dropping_an_mv_cancels_its_build_under_way(manual: Manual, db: Database
     create(client)
     job_id = _job(client, "mv")
     mv_id, _, _ = _mv(db, "mv")
+    outcome = _build_under_way(db, mv_id, lambda: client.delete(f"/v1/jobs/{job_id}"))
+    assert outcome and isinstance(outcome[0], errors.QueryCanceled)
+    assert not EpochIndexer(db).build(mv_id)  # gone: nothing to build
+
+
+def _build_under_way(db: Database, rel_id: int, drop: Callable[[], Any]) -> list[BaseException]:
+    """Drop the relation (``drop``, a request) while a build of its index is under way:
+    the build lock held and a long statement running; how the statement ended."""
     outcome: list[BaseException] = []
     with _autocommit(db) as builder:
-        # a build under way: the build lock held and a long statement running
         with builder.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(%s, %s)", [BUILD_LOCK, mv_id])
+            cur.execute("SELECT pg_advisory_lock(%s, %s)", [BUILD_LOCK, rel_id])
 
         def building() -> None:
             try:
@@ -177,13 +219,12 @@ def test_dropping_an_mv_cancels_its_build_under_way(manual: Manual, db: Database
         thread.start()
         wait_for(lambda: _sleeping(db), 30, "the build's statement")
         t0 = time.monotonic()
-        assert client.delete(f"/v1/jobs/{job_id}").status_code in (200, 202, 204)
+        assert drop().status_code in (200, 202, 204)
         thread.join(timeout=30)
         assert time.monotonic() - t0 < 60, "the drop waited for the build"
-    assert outcome and isinstance(outcome[0], errors.QueryCanceled)
     with db.transaction() as s:
-        assert s.execute(select(Relation).where(Relation.id == mv_id)).first() is None
-    assert not EpochIndexer(db).build(mv_id)  # gone: nothing to build
+        assert s.execute(select(Relation).where(Relation.id == rel_id)).first() is None
+    return outcome
 
 
 def _sleeping(db: Database) -> bool:
