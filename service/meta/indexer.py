@@ -6,7 +6,8 @@ row of the table, and an index on ``_epoch`` kept up row by row cost those write
 third of their time or more (all of an epoch's rows go to one end of it, where the
 writers queue). Built at once afterwards it costs a tenth of that. Until it exists the
 relation is correct, only some reads of it are slower: rollback and change-log reads
-scan the table, and garbage collection leaves it alone (``gc.run_gc``).
+scan the table, and garbage collection scans a plain table and leaves an MV or a CDC
+table alone (``gc.run_gc``).
 
 The leader builds it ``CONCURRENTLY`` (the writers go on meanwhile), on a thread of its
 own (``chores.Chore``): for a relation a job writes (an MV, a CDC table) when that job
@@ -122,8 +123,9 @@ class EpochIndexer:
 
 def stop_build(cur: Any, rel_id: int, timeout_s: float = STOP_BUILD_TIMEOUT_S) -> None:
     """Hold the relation's build lock until the caller's transaction ends, cancelling a
-    build under way (to drop the relation). Never waits on the lock: a concurrent build waits for
-    older transactions to end, this one among them, and would deadlock with it."""
+    build under way (to drop the relation). Never waits on the lock: a concurrent build
+    waits for older transactions to end, this one among them, and would deadlock with
+    it."""
     deadline = time.monotonic() + timeout_s
     while True:
         cur.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", [BUILD_LOCK, rel_id])
