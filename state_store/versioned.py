@@ -20,8 +20,10 @@ import hashlib
 import io
 import json
 import operator
+import queue
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -74,33 +76,64 @@ def _array_text(t: ColumnType, values: Iterable[Any]) -> Any:
     return list(values)
 
 
-class _LineStream:
-    """A file for ``copy_expert`` that formats its data as it is read, and keeps it
-    (a COPY that fails on a duplicate key is retried as an upsert of the same data)."""
+class _PrefetchedStream:
+    """A file for ``copy_expert`` whose chunks are made on a thread of its own while the
+    driver sends the ones before. The driver releases the GIL while it waits for the
+    socket, whose buffer (a local socket's: 200 kB) holds a fraction of a chunk: made
+    in the reading thread, each chunk waited for Postgres to take the last one, and the
+    two took turns (``bench/HISTORY.md``). ``keep``: keep what was read, for
+    ``everything`` (a COPY that fails on a duplicate key is retried as an upsert of the
+    same data). ``close`` stops the thread before anything else reads what the chunks
+    read (a failed COPY looks its record up)."""
 
-    def __init__(self, chunks: Iterator[str]) -> None:
-        self._chunks = chunks
-        self._read: list[str] = []
+    _END = object()
 
-    def read(self, size: int = -1) -> str:
-        chunk = next(self._chunks, "")
-        if chunk:
-            self._read.append(chunk)
-        return chunk
+    def __init__(self, chunks: Iterator[Any], empty: Any, *, keep: bool = False) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=4)
+        self._empty = empty  # what ``read`` returns at the end: b"" or ""
+        self._read: list[Any] | None = [] if keep else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._make, args=(chunks,), daemon=True)
+        self._thread.start()
 
-    def everything(self) -> str:
-        self._read.extend(self._chunks)
-        return "".join(self._read)
+    def _make(self, chunks: Iterator[Any]) -> None:
+        try:
+            for chunk in chunks:
+                if self._stop.is_set():
+                    return
+                self._queue.put(chunk)
+            self._queue.put(self._END)
+        except BaseException as e:  # noqa: BLE001 - handed to the reader, which raises it
+            self._queue.put(e)
 
+    def _next(self) -> Any:
+        got = self._queue.get()
+        if got is self._END:
+            self._queue.put(got)  # (the driver may read once more)
+        elif isinstance(got, BaseException):
+            self._queue.put(self._END)
+            raise got
+        elif self._read is not None:
+            self._read.append(got)
+        return got
 
-class _ByteStream:
-    """A file for ``copy_expert`` that reads its data from an iterator of chunks."""
+    def read(self, size: int = -1) -> Any:
+        got = self._next()
+        return self._empty if got is self._END else got
 
-    def __init__(self, chunks: Iterator[bytes]) -> None:
-        self._chunks = chunks
+    def everything(self) -> Any:
+        """Every chunk, those read and the rest, joined (``keep`` only)."""
+        assert self._read is not None
+        while self._next() is not self._END:
+            pass
+        return self._empty.join(self._read)
 
-    def read(self, size: int = -1) -> bytes:
-        return next(self._chunks, b"")
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():  # take what it put, so that its put returns
+            with suppress(queue.Empty):
+                self._queue.get(timeout=0.05)
+        self._thread.join()
 
 
 @contextmanager
@@ -278,10 +311,11 @@ class VersionedTable:
     def write(self, cur: Any, epoch: int, versions: Iterable[Version]) -> int:
         """Write versions at ``epoch``; the last write of a key in an epoch wins.
 
-        Fast path: one COPY, its lines formatted while Postgres parses the ones sent
-        before (the server's work and ours overlap). When a key already has a version
-        at this epoch (an earlier write of the same epoch) the COPY fails on the unique
-        index and the batch is upserted through a staging table instead.
+        Fast path: one COPY, its lines formatted on a thread while Postgres parses the
+        ones sent before (the server's work and ours overlap: ``_PrefetchedStream``).
+        When a key already has a version at this epoch (an earlier write of the same
+        epoch) the COPY fails on the unique index and the batch is upserted through a
+        staging table instead.
         """
         with collector_paused():
             latest = {self.key_of(v.row): v for v in versions}
@@ -308,7 +342,7 @@ class VersionedTable:
         return len(rows)
 
     def _copy_lines(self, cur: Any, chunks: Iterator[str]) -> None:
-        stream = _LineStream(chunks)
+        stream = _PrefetchedStream(chunks, "", keep=True)
         cur.execute("SAVEPOINT store_write")
         try:
             cur.copy_expert(
@@ -319,6 +353,8 @@ class VersionedTable:
         except errors.UniqueViolation:
             cur.execute("ROLLBACK TO SAVEPOINT store_write")
             self._upsert(cur, io.StringIO(stream.everything()))
+        finally:
+            stream.close()
         cur.execute("RELEASE SAVEPOINT store_write")
 
     def _lines(self, epoch: int, latest: dict[Row, Version]) -> Iterator[str]:
@@ -448,7 +484,11 @@ class VersionedTable:
             target, _ids([VNODE, EPOCH, DELETED, *columns]), options
         )
         with collector_paused():
-            cur.copy_expert(copy, _ByteStream(chunks()), size=COPY_CHUNK)
+            stream = _PrefetchedStream(chunks(), b"")
+            try:
+                cur.copy_expert(copy, stream, size=COPY_CHUNK)
+            finally:
+                stream.close()
 
     def has_versions(self, cur: Any, epoch: int) -> tuple[bool, bool]:
         """Whether the table holds any version, and any at ``epoch``."""
