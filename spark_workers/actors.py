@@ -198,13 +198,20 @@ class ActorRunner:
         """Rows still to read, from the planner's row estimate (cheap, approximate)."""
         if self.estimated_rows is None:
             with conn.cursor() as cur:
+                # as the planner does: the rows per page when the statistics were taken
+                # (an index build takes them too: a table's epoch index, built after its
+                # first write, saw a fraction of a load) times the pages there are now
                 cur.execute(
-                    "SELECT reltuples FROM pg_class WHERE oid = to_regclass(%s)",
+                    "SELECT reltuples, relpages, "
+                    "pg_relation_size(oid) / current_setting('block_size')::int "
+                    "FROM pg_class WHERE oid = to_regclass(%s)",
                     [f'store."{self.upstream.name}"'],
                 )
                 row = cur.fetchone()
-                total = float(row[0]) if row and row[0] is not None else -1.0
-                if total < 0:  # never analysed: count once
+                total = -1.0
+                if row is not None and row[0] is not None and row[0] >= 0 and row[1] > 0:
+                    total = float(row[0]) / row[1] * row[2]
+                if total < 0:  # never analysed (or when empty): count once
                     cur.execute(sql.SQL("SELECT count(*) FROM {}").format(self.upstream.ident))
                     total = float(cur.fetchone()[0])
             conn.rollback()
