@@ -26,6 +26,7 @@ import psycopg2
 from bench._pg import fresh_database
 from service.embedded_pg import to_libpq_url
 from tests.kit.auth import http_client
+from tests.kit.e2e import wait_for
 from tests.kit.live import server_process
 
 KEYS = ("name", "value", "baseline", "ratio", "target", "unit", "passed", "note")
@@ -77,18 +78,16 @@ def _secs(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def _indexed(conn: Any, name: str, timeout_s: float = 600) -> None:
-    """Poll (with a deadline) until the table's epoch index, built after its first write
-    (``service.meta.indexer``), is there: nothing of that build overlaps what comes next."""
-    deadline = time.monotonic() + timeout_s
-    with conn.cursor() as cur:
-        while True:
+def _indexed(conn: Any, name: str) -> None:
+    """Wait (with a deadline) for the table's epoch index, built after its first write
+    (``service.meta.indexer``): nothing of that build overlaps what comes next."""
+
+    def built() -> bool:
+        with conn.cursor() as cur:
             cur.execute("SELECT epoch_indexed FROM relations WHERE name = %s", [name])
-            if cur.fetchone()[0]:
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the epoch index of {name} was not built")
-            time.sleep(0.01)
+            return bool(cur.fetchone()[0])
+
+    wait_for(built, 600, f"the epoch index of {name}")
 
 
 def _checkpoint(conn: Any) -> None:

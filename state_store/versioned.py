@@ -99,9 +99,9 @@ class _PrefetchedStream:
     def _make(self, chunks: Iterator[Any]) -> None:
         try:
             for chunk in chunks:
-                if self._stop.is_set():
-                    return
                 self._queue.put(chunk)
+                if self._stop.is_set():  # (checked after the put ``close`` waits out)
+                    return
             self._queue.put(self._END)
         except BaseException as e:  # noqa: BLE001 - handed to the reader, which raises it
             self._queue.put(e)
@@ -134,6 +134,12 @@ class _PrefetchedStream:
             with suppress(queue.Empty):
                 self._queue.get(timeout=0.05)
         self._thread.join()
+
+    def __enter__(self) -> _PrefetchedStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 @contextmanager
@@ -342,19 +348,17 @@ class VersionedTable:
         return len(rows)
 
     def _copy_lines(self, cur: Any, chunks: Iterator[str]) -> None:
-        stream = _PrefetchedStream(chunks, "", keep=True)
-        cur.execute("SAVEPOINT store_write")
-        try:
-            cur.copy_expert(
-                sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)),
-                stream,
-                size=COPY_CHUNK,
-            )
-        except errors.UniqueViolation:
-            cur.execute("ROLLBACK TO SAVEPOINT store_write")
-            self._upsert(cur, io.StringIO(stream.everything()))
-        finally:
-            stream.close()
+        with _PrefetchedStream(chunks, "", keep=True) as stream:
+            cur.execute("SAVEPOINT store_write")
+            try:
+                cur.copy_expert(
+                    sql.SQL("COPY {} ({}) FROM STDIN").format(self.ident, _ids(self._storage_cols)),
+                    stream,
+                    size=COPY_CHUNK,
+                )
+            except errors.UniqueViolation:
+                cur.execute("ROLLBACK TO SAVEPOINT store_write")
+                self._upsert(cur, io.StringIO(stream.everything()))
         cur.execute("RELEASE SAVEPOINT store_write")
 
     def _lines(self, epoch: int, latest: dict[Row, Version]) -> Iterator[str]:
@@ -483,12 +487,8 @@ class VersionedTable:
         copy = sql.SQL("COPY {} ({}) FROM STDIN WITH ({})").format(
             target, _ids([VNODE, EPOCH, DELETED, *columns]), options
         )
-        with collector_paused():
-            stream = _PrefetchedStream(chunks(), b"")
-            try:
-                cur.copy_expert(copy, stream, size=COPY_CHUNK)
-            finally:
-                stream.close()
+        with collector_paused(), _PrefetchedStream(chunks(), b"") as stream:
+            cur.copy_expert(copy, stream, size=COPY_CHUNK)
 
     def has_versions(self, cur: Any, epoch: int) -> tuple[bool, bool]:
         """Whether the table holds any version, and any at ``epoch``."""
