@@ -55,8 +55,9 @@ class Relation(Base):
     graph_id: Mapped[int] = mapped_column(ForeignKey("graphs.id"))
     # versions only needed by reads below this epoch have been garbage-collected
     gc_epoch: Mapped[int] = mapped_column(BigInteger, default=0)
-    # the index on _epoch exists (an MV gets it once its backfill is done:
-    # service/meta/indexer.py); until then GC leaves the table alone
+    # the index on _epoch exists (an MV gets it once its backfill is done, a table once
+    # its first write committed: service/meta/indexer.py); until then GC scans a plain
+    # table and leaves an MV or a CDC table alone
     epoch_indexed: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
     # a table's writes go at or above this epoch (its last import's, which may still be
     # ahead of the open one: service/meta/imports.py)
