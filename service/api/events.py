@@ -137,7 +137,7 @@ class StreamFrom:
         return events.before_recent(ctx.db, self.recent, job_id)
 
 
-def stream_from(
+async def stream_from(
     after: Annotated[int | None, Query(ge=0, description="start after this event id")] = None,
     follow: Annotated[bool, Query(description="keep the stream open for new events")] = True,
     recent: Annotated[

@@ -198,7 +198,7 @@ def _query_names(dependant: Any) -> Iterator[str]:
         yield from _query_names(sub)
 
 
-def reject_unknown_query(request: Request) -> None:
+async def reject_unknown_query(request: Request) -> None:
     """A query parameter the route does not take is a 422, as an unknown body field is:
     a misspelt filter (``?stat=creating``) must not silently mean no filter."""
     route = request.scope.get("route")

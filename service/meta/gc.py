@@ -8,13 +8,13 @@ snapshot backfill that makes its upstream grow is visible.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, text
-from sqlalchemy.orm import Session
 
 from backfill_core.epoch import EPOCH_PHYSICAL_SHIFT
-from service.catalog.models import EpochPin, Job, Relation
+from service.catalog.models import EpochPin, Relation
 from service.catalog.queries import fold_row_counts, storage_of
 from service.db import Database, raw_cursor
 
@@ -33,36 +33,48 @@ def safe_epoch(committed: int, retention_ms: int, min_pin: int | None) -> int:
     return safe
 
 
-# Every relation's graph's committed epoch and the lowest pin on it, in one query.
+# Every relation's graph's committed epoch, the lowest pin on it, and what decides
+# whether it has anything to collect, in one query: a pass opens a transaction only for
+# relations that may have (a pass over hundreds of idle relations every few seconds
+# cost the API's tail latency, bench/HISTORY.md 2026-11-29 09:40)
 _GC_INPUTS = text(
     """
     SELECT r.id, g.committed_epoch,
-           (SELECT min(epoch) FROM epoch_pins p WHERE p.relation_id = r.id) AS min_pin
+           (SELECT min(epoch) FROM epoch_pins p WHERE p.relation_id = r.id) AS min_pin,
+           r.gc_epoch,
+           NOT r.epoch_indexed
+             AND EXISTS (SELECT 1 FROM jobs j WHERE j.mv_relation_id = r.id) AS skipped
     FROM relations r JOIN graphs g ON g.id = r.graph_id
     ORDER BY r.id
     """
 )
 
 
-def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
+def run_gc(db: Database, retention_ms: int, pause_s: float = 0.0) -> list[GcResult]:
     """Compact every relation once; each relation in its own short transaction. The safe
     epochs come from one query up front, lowered under each relation's lock by the pins
-    taken since (committed epochs only grow)."""
+    taken since (committed epochs only grow). A relation a job writes (an MV, a CDC
+    table) is left alone until its epoch index is built after that job's backfill: GC
+    would scan all of it every run. A plain table is collected without the index
+    (scanned) until it is built, which comes right after its first write
+    (``service.meta.indexer``)."""
     with db.transaction() as s:
         todo = [
-            (int(r), safe_epoch(int(committed), retention_ms, min_pin))
-            for r, committed, min_pin in s.execute(_GC_INPUTS)
+            (int(r), safe)
+            for r, committed, min_pin, gc_epoch, skipped in s.execute(_GC_INPUTS)
+            if not skipped
+            and (safe := safe_epoch(int(committed), retention_ms, min_pin)) > int(gc_epoch)
         ]
     results = []
-    for rel_id, safe in todo:
+    for i, (rel_id, safe) in enumerate(todo):
+        if i and pause_s:
+            time.sleep(pause_s)  # pacing a pass, as autovacuum's cost delay does
         with db.transaction() as s:
             rel = s.execute(
                 select(Relation).where(Relation.id == rel_id).with_for_update(skip_locked=True)
             ).scalar_one_or_none()
             if rel is None:
                 continue
-            if not rel.epoch_indexed and _written_by_a_job(s, rel.id):
-                continue  # (an MV or a CDC table under its backfill: GC would scan it all)
             # a pin taken since the query above (an export's, at any readable epoch) holds
             # too: pins are taken holding the relation's row, which this one now holds
             pinned = s.execute(
@@ -77,16 +89,6 @@ def run_gc(db: Database, retention_ms: int) -> list[GcResult]:
             rel.gc_epoch = safe
             results.append(GcResult(rel.name, safe, removed))
     return results
-
-
-def _written_by_a_job(s: Session, rel_id: int) -> bool:
-    """Whether a job writes the relation (an MV's, a CDC table's): until its epoch index
-    is built after that job's backfill, GC would scan the whole relation every run. A
-    plain table is collected without it (scanned) until its index is built, which comes
-    right after its first write (``service.meta.indexer``)."""
-    return (
-        s.execute(select(Job.id).where(Job.mv_relation_id == rel_id).limit(1)).first() is not None
-    )
 
 
 def pin(db: Database, relation: str, holder: str, epoch: int) -> None:

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 LEADER_LOCK_ID = 0x6D76_6C64  # "mvld"
 GC_EVERY_TICKS = 50
+# between two relations of a GC pass: a pass over hundreds of relations at once held
+# the API's requests back (p99), bench/HISTORY.md 2026-11-29 09:40
+GC_PAUSE_S = 0.02
 INDEXER_EVERY_S = 5.0  # besides every main round's wake: a missed one is not lost
 INDEXER_GAP_S = 0.2  # at most five looks a second for MVs whose index is due
 # between the rounds run at once when asked for (``BarrierSignal.request_barrier``):
@@ -117,7 +120,9 @@ class MetaLoop:
             min_gap_s=INDEXER_GAP_S,
             on_stop=self.indexer.cancel,
         )
-        self.gc_chore = Chore("gc", lambda: gc.run_gc(db, settings.gc_retention_ms), self.is_leader)
+        self.gc_chore = Chore(
+            "gc", lambda: gc.run_gc(db, settings.gc_retention_ms, GC_PAUSE_S), self.is_leader
+        )
 
     # leadership -------------------------------------------------------------
 
