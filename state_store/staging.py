@@ -75,12 +75,22 @@ class DuplicateKey(Exception):
     """Two staged rows have the same key."""
 
 
-def publish(cur: Any, table: VersionedTable, name: str, epoch: int, *, replace: bool) -> int:
+def publish(
+    cur: Any,
+    table: VersionedTable,
+    name: str,
+    epoch: int,
+    *,
+    replace: bool,
+    first_load: bool = False,
+) -> int:
     """Insert the staged rows into the table as live versions at ``epoch``, in (vnode,
     pk) order (the heap then follows the key index); the rows inserted. ``replace``:
     some key may have a version at ``epoch`` already (a tombstone of a delete in the
-    same epoch: the import's row wins, the store's write rule). ``DuplicateKey`` when
-    two staged rows share a key (nothing is written then: the statement failed)."""
+    same epoch: the import's row wins, the store's write rule). ``first_load``: the
+    table is empty and no job reads it, so its key index may be built after the rows
+    (``VersionedTable.drop_key_index_for_load``). ``DuplicateKey`` when two staged rows
+    share a key (nothing is written then: the statement failed)."""
     cols = _ids(table.storage_columns)
     chosen = sql.SQL(", ").join(
         sql.Literal(epoch)
@@ -102,9 +112,12 @@ def publish(cur: Any, table: VersionedTable, name: str, epoch: int, *, replace: 
     cur.execute("SAVEPOINT import_publish")
     # the sort by (vnode, pk) in memory, not in temporary files (until the savepoint ends)
     cur.execute("SET LOCAL work_mem = '128MB'")
+    dropped = first_load and table.drop_key_index_for_load(cur)
     try:
         cur.execute(q)
         rows = int(cur.rowcount)
+        if dropped:
+            table.build_key_index(cur)
     except (errors.UniqueViolation, errors.CardinalityViolation):
         cur.execute("ROLLBACK TO SAVEPOINT import_publish")
         raise DuplicateKey from None

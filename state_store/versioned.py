@@ -252,6 +252,11 @@ class VersionedTable:
                 sql.SQL("{} {}").format(sql.Identifier(n), sql.SQL(self.schema.column(n).type.sql))
             )
         cur.execute(sql.SQL("CREATE TABLE {} ({})").format(self.ident, sql.SQL(", ").join(cols)))
+        cur.execute(self._key_index_ddl())
+        if epoch_index:
+            cur.execute(self._epoch_index_ddl(concurrently=False))
+
+    def _key_index_ddl(self) -> sql.Composable:
         key_cols = sql.SQL(", ").join(
             [
                 sql.Identifier(VNODE),
@@ -259,13 +264,39 @@ class VersionedTable:
                 sql.SQL("{} DESC").format(sql.Identifier(EPOCH)),
             ]
         )
-        cur.execute(
-            sql.SQL("CREATE UNIQUE INDEX {} ON {} ({})").format(
-                sql.Identifier(f"{self._internal_prefix}_key"), self.ident, key_cols
-            )
+        return sql.SQL("CREATE UNIQUE INDEX {} ON {} ({})").format(
+            sql.Identifier(f"{self._internal_prefix}_key"), self.ident, key_cols
         )
-        if epoch_index:
-            cur.execute(self._epoch_index_ddl(concurrently=False))
+
+    def drop_key_index_for_load(self, cur: Any) -> bool:
+        """Before a first load into this table, empty: drop its key index, so that the
+        load does not keep it up row by row (``build_key_index`` builds it after the
+        rows, in one sort: docs/architecture.md#the-store). Only if nobody holds the
+        table now; from here to the transaction's end, nobody else reads it. Under a
+        savepoint that ``restore_key_index`` returns to; whether the index was dropped."""
+        cur.execute("SAVEPOINT first_load")
+        try:
+            cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE NOWAIT").format(self.ident))
+        except errors.LockNotAvailable:
+            cur.execute("ROLLBACK TO SAVEPOINT first_load")
+            cur.execute("RELEASE SAVEPOINT first_load")
+            return False
+        cur.execute(
+            sql.SQL("DROP INDEX {}").format(sql.Identifier(SCHEMA, f"{self._internal_prefix}_key"))
+        )
+        return True
+
+    def build_key_index(self, cur: Any) -> None:
+        """The key index after a first load (``drop_key_index_for_load``); a key the load
+        wrote twice is the driver's UniqueViolation, and ``restore_key_index`` then
+        takes the load back."""
+        cur.execute(self._key_index_ddl())
+        cur.execute("RELEASE SAVEPOINT first_load")
+
+    def restore_key_index(self, cur: Any) -> None:
+        """The table as before ``drop_key_index_for_load``: empty, with its key index."""
+        cur.execute("ROLLBACK TO SAVEPOINT first_load")
+        cur.execute("RELEASE SAVEPOINT first_load")
 
     @property
     def epoch_index_name(self) -> str:

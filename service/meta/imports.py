@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from backfill_core.protocol import ImportReport, ImportReportAnswer, ImportState, ImportTask
 from backfill_core.schema import TableSchema, value_to_json
 from service.catalog.models import Import, Relation
-from service.catalog.queries import add_row_count_delta, storage_of
+from service.catalog.queries import add_row_count_delta, read_by_a_job, storage_of
 from service.db import Database, raw_cursor
 from service.meta import claimed, epochs
 from state_store import staging
@@ -133,7 +133,14 @@ def _publish(s: Session, x: Import, staged: int, reserve: Callable[[int], int]) 
     epoch = _held_epoch(s, x, rel, reserve)  # a barrier closing it from here waits
     _, at_epoch = table.has_versions(cur, epoch)
     try:
-        rows = staging.publish(cur, table, x.staging, epoch, replace=at_epoch)
+        rows = staging.publish(
+            cur,
+            table,
+            x.staging,
+            epoch,
+            replace=at_epoch,
+            first_load=not had_rows and not read_by_a_job(s, rel.id),
+        )
     except staging.DuplicateKey:
         dup = staging.first_duplicate_key(cur, table, x.staging)
         key = _key_json(schema, dup) if dup is not None else None

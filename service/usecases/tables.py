@@ -30,6 +30,7 @@ from service.catalog.queries import (
     add_row_count_delta,
     committed_epoch,
     get_relation,
+    read_by_a_job,
     storage_of,
 )
 from service.clock import Clock
@@ -202,45 +203,36 @@ def apply_csv_inserts(
     Returns (epoch, count)."""
     with db.transaction() as s:
         writer = _DmlWriter(s, name, clock)
-        table, cur, epoch = writer.table, writer.cur, writer.epoch
-        rows = read_csv(writer.schema)
+        table, cur, epoch, schema = writer.table, writer.cur, writer.epoch, writer.schema
         cur.execute("SET LOCAL TimeZone = 'UTC'")  # a timestamptz without an offset is UTC
         # no earlier version of any key in an empty table; versions at the open epoch (an
         # earlier batch's) would clash with the COPY's, which then goes to a staging table
         had_rows, had_epoch = table.has_versions(cur, epoch)
         sent: list[int] = []  # the lines of the records, in the order Postgres got them
-        failed: list[ServiceError] = []
-
-        def records() -> Iterator[tuple[int, Row, bytes]]:
+        header: list[str] | None = None
+        # a first load into an empty table that no job reads builds the key index after
+        # its rows, in one sort; a key written twice takes that load back, and the
+        # ordinary COPY then names its line
+        first_load = not had_rows and not read_by_a_job(s, writer.rel.id)
+        if first_load and table.drop_key_index_for_load(cur):
             try:
-                yield from rows.records
-            except ServiceError as e:  # the driver would only say that read() failed
-                failed.append(e)
-                raise
-
+                header = _copy_csv(table, cur, epoch, read_csv, schema, sent, None)
+                table.build_key_index(cur)
+            except psycopg2.errors.UniqueViolation:
+                table.restore_key_index(cur)
+                header = None
         staging = table.create_staging(cur) if had_epoch else None
-        try:
-            table.copy_csv_rows(
-                cur,
-                epoch,
-                rows.header,
-                records(),
-                sent,
-                force_not_null=rows.not_null,
-                into=staging,
-            )
-        except psycopg2.Error as e:
-            if failed:
-                raise failed[0] from None
-            raise _copy_error(e, sent, read_csv, writer.schema) from None
+        if header is None:
+            sent.clear()
+            header = _copy_csv(table, cur, epoch, read_csv, schema, sent, staging)
         lines = sent
         if not lines:
             raise Invalid("the body holds no rows", {"line": 1})
-        _check_finite(cur, table, writer.schema, rows.header, epoch, staging, read_csv)
+        _check_finite(cur, table, schema, header, epoch, staging, read_csv)
         if had_rows:
             conflict = table.first_live_key(cur, epoch, staging)
             if conflict is not None:
-                line = _line_of(read_csv, writer.schema, conflict)
+                line = _line_of(read_csv, schema, conflict)
                 raise Conflict(
                     f"line {line}: insert of a key that already exists",
                     {"line": line, "key": list(conflict)},
@@ -249,6 +241,39 @@ def apply_csv_inserts(
             table.insert_from(cur, staging)
         writer.delta = len(lines)
         return writer.finish(), len(lines)
+
+
+def _copy_csv(
+    table: Any,
+    cur: Any,
+    epoch: int,
+    read_csv: Callable[[TableSchema], CsvRowsLike],
+    schema: TableSchema,
+    sent: list[int],
+    staging: Any,
+) -> list[str]:
+    """One COPY of the body's records into the table (or ``staging``), each of whose
+    lines goes to ``sent`` as Postgres gets it; the body's header. A record that does
+    not fit is the 4xx naming its line."""
+    rows = read_csv(schema)
+    failed: list[ServiceError] = []
+
+    def records() -> Iterator[tuple[int, Row, bytes]]:
+        try:
+            yield from rows.records
+        except ServiceError as e:  # the driver would only say that read() failed
+            failed.append(e)
+            raise
+
+    try:
+        table.copy_csv_rows(
+            cur, epoch, rows.header, records(), sent, force_not_null=rows.not_null, into=staging
+        )
+    except psycopg2.Error as e:
+        if failed:
+            raise failed[0] from None
+        raise _copy_error(e, sent, read_csv, schema) from None
+    return rows.header
 
 
 _COPY_LINE = re.compile(r"COPY [^,]+, line (\d+)(?:, column (\w+))?")

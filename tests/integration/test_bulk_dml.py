@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 
 from service.api.app import create_app
 from service.db import Database
@@ -15,8 +16,9 @@ from service.meta.loop import MetaLoop
 from service.settings import Settings
 from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_limits import count
-from tests.integration.test_tables_api import create, dml, ins, rows
+from tests.integration.test_tables_api import ORDERS, create, dml, ins, rows
 from tests.kit.auth import api_client
+from tests.kit.meta import key_index, make_job
 
 NDJSON = {"content-type": "application/x-ndjson"}
 CSV = {"content-type": "text/csv"}
@@ -212,6 +214,48 @@ def test_a_bad_line_is_named_and_nothing_is_written(
     assert err["details"]["line"] == line, err
     assert err["message"].startswith(f"line {line}: "), err
     assert sorted(latest(client)) == [1]
+
+
+def test_a_first_load_builds_the_key_index_after_its_rows(client: TestClient, db: Database) -> None:
+    create(client)
+    before = key_index(db)
+    r = bulk(client, b"id,customer\n" + b"".join(b"%d,c%d\n" % (i, i) for i in range(50)), CSV)
+    assert r.status_code == 200, r.text
+    after = key_index(db)
+    assert after is not None and after[1] and after != before  # dropped, then built again
+    r = bulk(client, b"id,customer\n60,x\n", CSV)  # the table has rows: kept up as they come
+    assert r.status_code == 200 and key_index(db) == after
+    assert_error(bulk(client, b"id,customer\n61,y\n7,again\n", CSV), 409, "conflict")
+    assert sorted(latest(client)) == [*range(50), 60]
+
+
+@pytest.mark.parametrize(("body", "status", "code"), [c for c in BAD_CSV if b"\n1,b" not in c[0]])
+def test_a_bad_first_load_is_named_and_nothing_is_written(
+    client: TestClient, db: Database, body: bytes, status: int, code: str
+) -> None:
+    create(client)
+    before = key_index(db)
+    err = assert_error(bulk(client, body, CSV), status, code)
+    assert err["details"]["line"] == 3, err
+    assert latest(client) == {}
+    assert key_index(db) == before  # taken back with the rows
+
+
+def test_a_first_load_into_a_table_being_read_keeps_itskey_index(
+    client: TestClient, db: Database
+) -> None:
+    create(client)
+    before = key_index(db)
+    with db.engine.connect() as reader:  # a read under way: no wait for it, the usual COPY
+        reader.execute(text("SELECT count(*) FROM store.orders"))
+        assert bulk(client, b"id,customer\n1,a\n", CSV).status_code == 200
+    assert key_index(db) == before
+    create(client, ORDERS | {"name": "read"})
+    make_job(db, "reader", 1, upstream="read")  # a job reads it: the usual COPY
+    was = key_index(db, "read")
+    r = client.post("/v1/tables/read/dml", content=b"id,customer\n1,a\n", headers=CSV)
+    assert r.status_code == 200, r.text
+    assert key_index(db, "read") == was
 
 
 def test_a_line_after_quoted_newlines(client: TestClient) -> None:

@@ -23,6 +23,7 @@ from tests.integration.test_health_and_errors import assert_error
 from tests.integration.test_jobs_api import GOOD
 from tests.integration.test_tables_api import create, dml, ins, rows
 from tests.kit.auth import auth_header
+from tests.kit.meta import key_index
 
 
 def _import(client: TestClient, table: str = "orders", **body: Any) -> Any:
@@ -159,6 +160,28 @@ def test_staged_rows_are_published_at_one_epoch(client: TestClient, db: Database
     # a second report of the same end (a retry) changes nothing
     assert _report(client, w, x["id"], state="succeeded", rows=50)["state"] == "succeeded"
     assert _row_count(db) == 53
+
+
+def test_a_first_import_into_an_empty_table_builds_its_key_index_after_the_rows(
+    client: TestClient, db: Database
+) -> None:
+    create(client)
+    before = key_index(db)
+    w = _worker(client)
+    for ids, state in (([5, 6, 7, 6], "failed"), ([5, 6, 7], "succeeded")):
+        x = _import(client, path="/data/orders.csv", format="csv").json()
+        task = client.post(f"/v1/workers/{w}/imports/claim").json()
+        _stage(db, task, ids)
+        assert _report(client, w, x["id"], state="succeeded", rows=len(ids))["state"] == state
+        if state == "failed":  # twice in the files: taken back, the index as it was
+            got = client.get(f"/v1/imports/{x['id']}").json()
+            assert got["error_code"] == "duplicate_key" and got["error_details"] == {"key": [6]}
+            assert key_index(db) == before and _row_count(db) == 0
+    after = key_index(db)
+    assert after is not None and after[1] and after != before  # built again, after the rows
+    assert_error(client.post("/v1/tables/orders/dml", json={"ops": [ins(6)]}), 409, "conflict")
+    dml(client, [ins(8)])  # committed, and the import's epoch before it
+    assert {r["id"] for r in rows(client, limit=1000)["rows"]} == {5, 6, 7, 8}
 
 
 @pytest.mark.parametrize("clash", ["existing", "duplicate"])

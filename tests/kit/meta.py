@@ -221,3 +221,18 @@ def actors_of(db: Database, job_id: int) -> list[Actor]:
         return list(
             s.execute(select(Actor).where(Actor.job_id == job_id).order_by(Actor.id)).scalars()
         )
+
+
+def key_index(db: Database, table: str = "orders") -> tuple[int, bool] | None:
+    """The key index of ``table``'s storage: its OID (a new one when it was built again)
+    and whether it is a valid unique index."""
+    with db.engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT i.indexrelid::bigint, i.indisunique AND i.indisvalid FROM pg_index i "
+                "JOIN pg_class c ON c.oid = i.indexrelid "
+                "WHERE i.indrelid = to_regclass(:t) AND c.relname LIKE '%\\_key'"
+            ),
+            {"t": f"store.{table}"},
+        ).one_or_none()
+    return None if row is None else (int(row[0]), bool(row[1]))
