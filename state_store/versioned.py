@@ -271,7 +271,7 @@ class VersionedTable:
     def drop_key_index_for_load(self, cur: Any) -> bool:
         """Before a first load into this table, empty: drop its key index, so that the
         load does not keep it up row by row (``build_key_index`` builds it after the
-        rows, in one sort: docs/architecture.md#the-store). Only if nobody holds the
+        rows, in one sort: docs/architecture.md#layout-and-indexes). Only if nobody holds the
         table now; from here to the transaction's end, nobody else reads it. Under a
         savepoint that ``restore_key_index`` returns to; whether the index was dropped."""
         cur.execute("SAVEPOINT first_load")
