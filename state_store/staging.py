@@ -112,6 +112,12 @@ def publish(
     cur.execute("SAVEPOINT import_publish")
     # the sort by (vnode, pk) in memory, not in temporary files (until the savepoint ends)
     cur.execute("SET LOCAL work_mem = '128MB'")
+    if first_load:
+        # the staged rows first: a wait for them (a task of a stopped job still holding
+        # them) must not come while the lock below keeps the table's readers waiting
+        cur.execute(
+            sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(SCHEMA, name))
+        )
     dropped = first_load and table.drop_key_index_for_load(cur)
     try:
         cur.execute(q)
