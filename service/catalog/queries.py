@@ -26,12 +26,12 @@ WAITING_FOR_WORKER_SQL = """(j.state = 'creating' AND EXISTS (
       AND (w.id IS NULL OR w.state <> 'alive' OR w.lease_expires_at <= now())))"""
 
 
-def read_by_a_job(session: Session, relation_id: int) -> bool:
-    """Whether a job that is creating or created reads the relation."""
-    query = select(Job.id).where(
+def readers_of(session: Session, relation_id: int) -> list[str]:
+    """The names of the jobs, creating or created, that read the relation."""
+    query = select(Job.name).where(
         Job.upstream_relation_id == relation_id, Job.state.in_(ACTIVE_JOB_STATES)
     )
-    return session.execute(query.limit(1)).first() is not None
+    return list(session.execute(query).scalars())
 
 
 def storage_of(rel: Relation) -> VersionedTable:

@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from backfill_core.protocol import ImportReport, ImportReportAnswer, ImportState, ImportTask
 from backfill_core.schema import TableSchema, value_to_json
 from service.catalog.models import Import, Relation
-from service.catalog.queries import add_row_count_delta, read_by_a_job, storage_of
+from service.catalog.queries import add_row_count_delta, readers_of, storage_of
 from service.db import Database, raw_cursor
 from service.meta import claimed, epochs
 from state_store import staging
@@ -139,7 +139,7 @@ def _publish(s: Session, x: Import, staged: int, reserve: Callable[[int], int]) 
             x.staging,
             epoch,
             replace=at_epoch,
-            first_load=not had_rows and not read_by_a_job(s, rel.id),
+            first_load=not had_rows and not readers_of(s, rel.id),
         )
     except staging.DuplicateKey:
         dup = staging.first_duplicate_key(cur, table, x.staging)

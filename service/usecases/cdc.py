@@ -29,7 +29,7 @@ from backfill_core.schema import SchemaError, TableSchema, validate_identifier
 from connectors import pg_cdc as cdc
 from service.catalog import events, idempotency, reader_views
 from service.catalog.models import MAIN_GRAPH_ID, CdcTable, Job, JobProgress, Relation
-from service.catalog.queries import ACTIVE_JOB_STATES, get_relation, storage_of
+from service.catalog.queries import get_relation, readers_of, storage_of
 from service.db import Database, raw_cursor
 from service.errors import Conflict, Invalid, ServiceError
 from service.meta.indexer import stop_build
@@ -289,13 +289,7 @@ def drop_cdc_table(db: Database, rel_name: str) -> bool:
             row = s.get(CdcTable, rel.id)
             if row is None:
                 return False
-            readers = list(
-                s.execute(
-                    select(Job.name).where(
-                        Job.upstream_relation_id == rel.id, Job.state.in_(ACTIVE_JOB_STATES)
-                    )
-                ).scalars()
-            )
+            readers = readers_of(s, rel.id)
             if readers:
                 raise Conflict(
                     f"table {rel_name!r} is read by job(s) {', '.join(readers)}",

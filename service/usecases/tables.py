@@ -24,13 +24,12 @@ from sqlalchemy.exc import IntegrityError
 from backfill_core.changes import Row, Version
 from backfill_core.schema import ColumnType, SchemaError, TableSchema, validate_identifier
 from service.catalog import idempotency, reader_views
-from service.catalog.models import MAIN_GRAPH_ID, CdcTable, Job, Relation
+from service.catalog.models import MAIN_GRAPH_ID, CdcTable, Relation
 from service.catalog.queries import (
-    ACTIVE_JOB_STATES,
     add_row_count_delta,
     committed_epoch,
     get_relation,
-    read_by_a_job,
+    readers_of,
     storage_of,
 )
 from service.clock import Clock
@@ -114,12 +113,7 @@ def drop_table(db: Database, name: str) -> None:
         rel = get_relation(s, name, lock=True)
         if rel.kind != "table":
             raise Conflict(f"{name!r} is the view of a job: delete the job instead", {"name": name})
-        readers = s.execute(
-            select(Job.name).where(
-                Job.upstream_relation_id == rel.id, Job.state.in_(ACTIVE_JOB_STATES)
-            )
-        ).scalars()
-        names = list(readers)
+        names = readers_of(s, rel.id)
         if names:
             raise Conflict(f"table {name!r} is read by job(s) {', '.join(names)}", {"jobs": names})
         if not rel.epoch_indexed:
@@ -208,24 +202,20 @@ def apply_csv_inserts(
         # no earlier version of any key in an empty table; versions at the open epoch (an
         # earlier batch's) would clash with the COPY's, which then goes to a staging table
         had_rows, had_epoch = table.has_versions(cur, epoch)
-        sent: list[int] = []  # the lines of the records, in the order Postgres got them
-        header: list[str] | None = None
+        copied: tuple[list[str], list[int]] | None = None
         # a first load into an empty table that no job reads builds the key index after
         # its rows, in one sort; a key written twice takes that load back, and the
         # ordinary COPY then names its line
-        first_load = not had_rows and not read_by_a_job(s, writer.rel.id)
+        first_load = not had_rows and not readers_of(s, writer.rel.id)
         if first_load and table.drop_key_index_for_load(cur):
             try:
-                header = _copy_csv(table, cur, epoch, read_csv, schema, sent, None)
+                copied = _copy_csv(table, cur, epoch, read_csv, schema, None)
                 table.build_key_index(cur)
             except psycopg2.errors.UniqueViolation:
                 table.restore_key_index(cur)
-                header = None
+                copied = None
         staging = table.create_staging(cur) if had_epoch else None
-        if header is None:
-            sent.clear()
-            header = _copy_csv(table, cur, epoch, read_csv, schema, sent, staging)
-        lines = sent
+        header, lines = copied or _copy_csv(table, cur, epoch, read_csv, schema, staging)
         if not lines:
             raise Invalid("the body holds no rows", {"line": 1})
         _check_finite(cur, table, schema, header, epoch, staging, read_csv)
@@ -249,13 +239,13 @@ def _copy_csv(
     epoch: int,
     read_csv: Callable[[TableSchema], CsvRowsLike],
     schema: TableSchema,
-    sent: list[int],
     staging: Any,
-) -> list[str]:
-    """One COPY of the body's records into the table (or ``staging``), each of whose
-    lines goes to ``sent`` as Postgres gets it; the body's header. A record that does
-    not fit is the 4xx naming its line."""
+) -> tuple[list[str], list[int]]:
+    """One COPY of the body's records into the table (or ``staging``): the body's header,
+    and the lines of its records in the order Postgres got them. A record that does not
+    fit is the 4xx naming its line."""
     rows = read_csv(schema)
+    sent: list[int] = []
     failed: list[ServiceError] = []
 
     def records() -> Iterator[tuple[int, Row, bytes]]:
@@ -273,7 +263,7 @@ def _copy_csv(
         if failed:
             raise failed[0] from None
         raise _copy_error(e, sent, read_csv, schema) from None
-    return rows.header
+    return rows.header, sent
 
 
 _COPY_LINE = re.compile(r"COPY [^,]+, line (\d+)(?:, column (\w+))?")

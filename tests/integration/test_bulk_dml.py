@@ -241,7 +241,7 @@ def test_a_bad_first_load_is_named_and_nothing_is_written(
     assert key_index(db) == before  # taken back with the rows
 
 
-def test_a_first_load_into_a_table_being_read_keeps_itskey_index(
+def test_a_first_load_into_a_table_being_read_keeps_its_key_index(
     client: TestClient, db: Database
 ) -> None:
     create(client)
