@@ -9,10 +9,10 @@ five runs each, the baselines alternating with them.
 The first view of each of four worker processes is created once the worker logs that
 Spark is ready (its application and Python workers started at start-up,
 ``spark_warm_up``): what a view created a minute after a worker started pays, against a
-warm view on the same worker right after it. A fifth
-worker, started before them, creates the database's first view after its load; that view
-is reported but not counted: what it pays more is the database's, not the worker's
-(bench/HISTORY.md, 2026-12-07).
+warm view on the same worker right after it. A fifth worker, started before them,
+creates the database's first view after its load; that view is reported but not
+counted: what it pays more is the database's, not the worker's (bench/HISTORY.md,
+2026-12-07 04:30 and 06:40).
 """
 
 from __future__ import annotations
