@@ -24,6 +24,7 @@ jsonb                 0x0a  u32 length + UTF-8 of JSON with sorted keys, no spac
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import json
 import struct
 import zlib
@@ -183,3 +184,27 @@ def vnode_hasher(
     if positions is None:
         return lambda values: zlib.crc32(encode_key(typed, values)) % vnode_count
     return lambda values: zlib.crc32(encode_key(typed, [values[j] for j in at])) % vnode_count
+
+
+def vnodes_hasher(
+    types: Sequence[ColumnType], vnode_count: int, positions: Sequence[int] | None = None
+) -> Callable[[Sequence[Sequence[Any]]], list[int]]:
+    """``vnode_hasher`` over many keys at once, given as columns (one sequence of values
+    per key column; ``positions`` as there, into the columns): the vnode of each key in
+    order. A one-column integer key without nulls takes no Python step per key (a bulk
+    load's usual case: docs/architecture.md#layout-and-indexes)."""
+    one = vnode_hasher(types, vnode_count, positions)  # takes a whole key
+    at = list(range(len(types))) if positions is None else list(positions)
+    if len(types) == 1 and types[0] in (ColumnType.SMALLINT, ColumnType.INT, ColumnType.BIGINT):
+        pack, crc, tag_crc = _I64.pack, zlib.crc32, zlib.crc32(b"\x02")
+        modulo = vnode_count.__rmod__
+        j, single = at[0], vnode_hasher(types, vnode_count)  # takes the one value
+
+        def int_keys(columns: Sequence[Sequence[Any]]) -> list[int]:
+            values = columns[j]
+            if None in values:
+                return [single((v,)) for v in values]
+            return list(map(modulo, map(crc, map(pack, values), itertools.repeat(tag_crc))))
+
+        return int_keys
+    return lambda columns: list(map(one, zip(*columns, strict=True)))

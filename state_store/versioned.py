@@ -31,7 +31,7 @@ from psycopg2 import errors, sql
 
 from backfill_core.changes import Op, Row, RowChange, Version
 from backfill_core.schema import ColumnType, TableSchema
-from backfill_core.vnode import compute_vnode, vnode_hasher
+from backfill_core.vnode import compute_vnode, vnode_hasher, vnodes_hasher
 from state_store.change_logs import KeyVersion, split_by_range
 from state_store.encoding import line_formatter, row_decoder
 
@@ -40,8 +40,6 @@ COPY_CHUNK = 1 << 20  # bytes per round of COPY data (psycopg2 sends 8 kB by def
 # lines per piece of a streamed COPY: small enough that Postgres starts parsing early
 # and the last piece (which nothing overlaps) is short, big enough to amortize the calls
 LINES_PER_CHUNK = 2_000
-# records per piece of a bulk COPY (``copy_csv_rows``), each sorted by vnode
-BULK_LINES_PER_CHUNK = 10_000
 VNODE, EPOCH, DELETED = "_vnode", "_epoch", "_deleted"
 _Keyed = TypeVar("_Keyed", bound=tuple[Any, Any])  # (key, what is written for it)
 
@@ -211,6 +209,11 @@ class VersionedTable:
             getter if len(self._pk_idx) > 1 else (lambda row: (getter(row),))  # type: ignore[assignment]
         )
         self._vnode_of_key: Callable[[Row], int] = vnode_hasher(
+            self._dist_types,
+            schema.vnode_count,
+            [self.pk.index(n) for n in schema.distribution_key],
+        )
+        self._vnodes_of_keys = vnodes_hasher(
             self._dist_types,
             schema.vnode_count,
             [self.pk.index(n) for n in schema.distribution_key],
@@ -463,63 +466,82 @@ class VersionedTable:
         cur: Any,
         epoch: int,
         columns: Sequence[str],
-        records: Iterable[tuple[int, Row, bytes]],
+        blocks: Iterable[tuple[Sequence[int], Sequence[Sequence[Any]], Sequence[bytes]]],
         sent: list[int],
         *,
+        first_load: bool = False,
         force_not_null: Sequence[str] = (),
         into: sql.Composable | None = None,
     ) -> None:
-        """Insert live versions at ``epoch`` of rows given as CSV records of ``columns``
-        (each as ``(tag, key, text)``: a number of the caller's, the primary key, typed,
-        and the text, ending in a newline), in one COPY
-        that sends each record as it is behind its vnode, epoch and deleted flag: Postgres
-        reads the values. ``force_not_null``: columns whose empty field is an empty
-        string, not null. A key with a version at ``epoch`` already is the driver's
-        UniqueViolation; any other error is the driver's too (its context names the
-        record, ``COPY <table>, line <n>``: the tag of record n is ``sent[n - 1]``, as
-        records are sent in vnode order). ``into``: a staging table of this layout
+        """Insert live versions at ``epoch`` of rows given as CSV records of ``columns``,
+        in one COPY that sends each record as it is behind its vnode, epoch and deleted
+        flag: Postgres reads the values. The records come in blocks, each ``(tags, keys,
+        texts)``: a number of the caller's for each record, their primary keys (typed,
+        one sequence a key column), and their texts, each ending in a newline; each
+        block is a piece of the COPY, its records in vnode order (input order within a
+        vnode): records in key order (a load's usual order) reach the key index in its
+        order, and a piece's rows of one vnode touch its pages once; unsorted, they cost
+        a third of the COPY. ``first_load``: the table is empty and without its key index
+        (``drop_key_index_for_load``): the records go as they come, and the epoch and
+        deleted flag as the columns' defaults for the COPY, not in each record (a
+        seventh of the COPY: bench/HISTORY.md 2026-12-07 07:40). ``force_not_null``:
+        columns whose empty field is an empty string, not null. A key with a version at
+        ``epoch`` already is the driver's UniqueViolation; any other error is the
+        driver's too (its context names the record, ``COPY <table>, line <n>``: the tag
+        of record n is ``sent[n - 1]``). ``into``: a staging table of this layout
         (``create_staging``) instead of the table."""
         vnodes = range(self.schema.vnode_count)
-        prefixes = [b"%d,%d,f," % (vnode, epoch) for vnode in vnodes]
-        vnode_of_key = self._vnode_of_key
+        prefix_of = [b"%d,%d,f," % (vnode, epoch) for vnode in vnodes]
+        sent_columns = [VNODE, EPOCH, DELETED, *columns]
+        if first_load:
+            prefix_of = [b"%d," % vnode for vnode in vnodes]
+            sent_columns = [VNODE, *columns]
+            self._constant_defaults(cur, epoch)
+        vnodes_of = self._vnodes_of_keys
 
-        def chunks() -> Iterator[bytes]:
-            # each piece in vnode order (input order within a vnode): records in key order
-            # (a load's usual order) reach the key index in its order, and a piece's rows
-            # of one vnode touch its pages once; unsorted, they cost a third of the COPY
-            buckets: list[list[bytes]] = [[] for _ in vnodes]
-            tags: list[list[int]] = [[] for _ in vnodes]
-            pending = 0
-
-            def piece() -> bytes:
-                for vnode_tags in tags:
-                    sent.extend(vnode_tags)
-                    vnode_tags.clear()
-                text = b"".join([b"".join(b) for b in buckets])
-                for b in buckets:
-                    b.clear()
-                return text
-
-            for tag, key, record in records:
-                vnode = vnode_of_key(key)
-                buckets[vnode].append(prefixes[vnode] + record)
-                tags[vnode].append(tag)
-                pending += 1
-                if pending == BULK_LINES_PER_CHUNK:
-                    yield piece()
-                    pending = 0
-            if pending:
-                yield piece()
+        def pieces() -> Iterator[bytes]:
+            # no Python step per record: the interpreter's loops over whole blocks
+            for tags, keys, texts in blocks:
+                vnodes = vnodes_of(keys)
+                if not first_load:
+                    order = sorted(range(len(vnodes)), key=vnodes.__getitem__)  # stable
+                    vnodes = list(map(vnodes.__getitem__, order))
+                    texts = list(map(texts.__getitem__, order))
+                    tags = list(map(tags.__getitem__, order))
+                sent.extend(tags)
+                parts: list[bytes] = [b""] * (2 * len(texts))
+                parts[::2] = map(prefix_of.__getitem__, vnodes)
+                parts[1::2] = texts
+                yield b"".join(parts)
 
         target = self.ident if into is None else into
         options = sql.SQL("FORMAT csv")
         if force_not_null:
             options += sql.SQL(", FORCE_NOT_NULL ({})").format(_ids(force_not_null))
         copy = sql.SQL("COPY {} ({}) FROM STDIN WITH ({})").format(
-            target, _ids([VNODE, EPOCH, DELETED, *columns]), options
+            target, _ids(sent_columns), options
         )
-        with collector_paused(), _PrefetchedStream(chunks(), b"") as stream:
+        with collector_paused(), _PrefetchedStream(pieces(), b"") as stream:
             cur.copy_expert(copy, stream, size=COPY_CHUNK)
+        if first_load:
+            self._constant_defaults(cur, None)
+
+    def _constant_defaults(self, cur: Any, epoch: int | None) -> None:
+        """The epoch and deleted flag of a live version at ``epoch`` as the defaults of
+        their columns; none with None (a table only this transaction sees:
+        ``drop_key_index_for_load``)."""
+        if epoch is None:
+            change = sql.SQL("ALTER COLUMN {ep} DROP DEFAULT, ALTER COLUMN {dl} DROP DEFAULT")
+        else:
+            change = sql.SQL(
+                "ALTER COLUMN {ep} SET DEFAULT {at}, ALTER COLUMN {dl} SET DEFAULT false"
+            )
+        cur.execute(
+            sql.SQL("ALTER TABLE {t} ").format(t=self.ident)
+            + change.format(
+                ep=sql.Identifier(EPOCH), dl=sql.Identifier(DELETED), at=sql.Literal(epoch)
+            )
+        )
 
     def has_versions(self, cur: Any, epoch: int) -> tuple[bool, bool]:
         """Whether the table holds any version, and any at ``epoch``."""

@@ -22,14 +22,14 @@ import re
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, NamedTuple
 
 from fastapi import Request
 from starlette.types import Scope
 
 from backfill_core.schema import ColumnType, TableSchema
 from service.api.bodies import SUSPECT_ESCAPES
-from service.errors import BadRequest, Invalid, UnsupportedMediaType
+from service.errors import BadRequest, Invalid, ServiceError, UnsupportedMediaType
 from service.usecases.tables import DmlOp
 
 Kind = Literal["json", "ndjson", "csv"]
@@ -40,6 +40,7 @@ MEDIA_TYPES: dict[str, Kind] = {
 }
 SPOOL_IN_MEMORY = 16 * 1024 * 1024
 CSV_BLOCK = 1 << 20  # bytes of a CSV body's records read at a time
+CSV_BLOCK_RECORDS = 10_000  # records a block, read line by line (quotes, say)
 _DML_PATH = re.compile(r"/v1/tables/[^/]+/dml")
 _OPS = frozenset({"insert", "update", "delete"})
 _OP_KEYS = frozenset({"op", "row"})
@@ -70,11 +71,27 @@ def is_streamed(scope: Scope) -> bool:
         return False  # answered 415 after a read of at most the ordinary limit
 
 
+class CsvBlock(NamedTuple):
+    """Records of a CSV body, consecutive in it."""
+
+    lines: Sequence[int]  # each record's line in the body (its first, if it spans lines)
+    keys: Sequence[Sequence[Any]]  # the records' primary keys: one sequence a key column
+    texts: Sequence[bytes]  # each record as it is, ending in a newline
+    # the text holds "nan" or "inf" in some case: a NaN or an infinity Postgres reads in a
+    # double or numeric field may be there (none is otherwise: no check after the COPY)
+    nonfinite_possible: bool
+
+
 @dataclass(frozen=True)
 class CsvRows:
     header: list[str]  # the columns, in the records' order
     not_null: list[str]  # columns whose empty field is an empty string, not null
-    records: Iterator[tuple[int, tuple[Any, ...], bytes]]  # (line, key, text)
+    blocks: Iterator[CsvBlock]
+
+    def records(self) -> Iterator[tuple[int, tuple[Any, ...], bytes]]:
+        """(line, key, text) of each record."""
+        for block in self.blocks:
+            yield from zip(block.lines, zip(*block.keys, strict=True), block.texts, strict=True)
 
 
 @dataclass
@@ -228,23 +245,56 @@ def _csv_rows(spool: IO[bytes], schema: TableSchema) -> CsvRows:
     ]
     not_null = [c.name for c in schema.columns if not c.nullable]  # all in the header
     if len(keys) > 1:
-        return CsvRows(header, not_null, _csv_records(lines, keys, 1))
+        return CsvRows(header, not_null, _grouped(_csv_records(lines, keys, 1)))
     plain_key: Callable[[bytes], Any] = int if kinds[0] == "int" else bytes.decode
     return CsvRows(header, not_null, _block_records(spool, keys, plain_key))
+
+
+def _nonfinite_possible(text: bytes) -> bool:
+    # every spelling of NaN and infinity Postgres reads (NaN, inf, -Infinity, ...)
+    lowered = text.lower()
+    return b"nan" in lowered or b"inf" in lowered
+
+
+def _grouped(records: Iterator[tuple[int, tuple[Any, ...], bytes]]) -> Iterator[CsvBlock]:
+    """Records read line by line (``_csv_records``) as blocks; those before a line that
+    cannot be read come before its error, as they would one by one."""
+    chunk: list[tuple[int, tuple[Any, ...], bytes]] = []
+    try:
+        for record in records:
+            chunk.append(record)
+            if len(chunk) == CSV_BLOCK_RECORDS:
+                yield _block_of(chunk)
+                chunk = []
+    except ServiceError:
+        if chunk:
+            yield _block_of(chunk)
+        raise
+    if chunk:
+        yield _block_of(chunk)
+
+
+def _block_of(records: list[tuple[int, tuple[Any, ...], bytes]]) -> CsvBlock:
+    lines, keys, texts = zip(*records, strict=True)
+    return CsvBlock(
+        lines, list(zip(*keys, strict=True)), texts, _nonfinite_possible(b"".join(texts))
+    )
 
 
 def _block_records(
     spool: IO[bytes],
     keys: Sequence[tuple[int, Callable[[Any], Any]]],
     plain_key: Callable[[bytes], Any],
-) -> Iterator[tuple[int, tuple[Any, ...], bytes]]:
-    """``_csv_records`` of a one-column key, a block of lines at a time while the lines
-    are plain (no quote, carriage return or blank line: every line one record) and
-    their keys read as they are (``plain_key``): the lines split, and the keys found,
-    without a Python step per record. From the first other block on, line by line."""
+) -> Iterator[CsvBlock]:
+    """The blocks of a body with a one-column key, each the lines of ``CSV_BLOCK`` bytes
+    while they are plain (no quote, carriage return or blank line: every line one
+    record) and their keys read as they are (``plain_key``): the lines split, and the
+    keys found, without a Python step per record. From the first other block on, line
+    by line."""
     (index, _), number = keys[0], 1
-    # a match a line: its key's field, and the rest (a line short of fields has none)
-    field = re.compile(rb"(?:[^,\n]*,){%d}([^,\n]*)[^\n]*\n" % index)
+    # a match a line (each follows a newline): its key's field; a line short of fields
+    # has none
+    field = re.compile(rb"\n(?:[^,\n]*,){%d}([^,\n]*)" % index)
     while block := spool.read(CSV_BLOCK):
         if not block.endswith(b"\n"):
             block += spool.readline()  # the rest of the block's last line
@@ -253,15 +303,17 @@ def _block_records(
         lines = block.splitlines(keepends=True)
         found = None
         if not (b'"' in block or b"\r" in block or b"\n\n" in block or block[0] == 0x0A):
-            found = field.findall(block)
+            found = field.findall(b"\n" + block[:-1])
         try:
             if found is None or len(found) != len(lines):  # a line short of the key's field
                 raise ValueError
-            read = list(zip(map(plain_key, found)))
+            read = list(map(plain_key, found))
         except (ValueError, UnicodeDecodeError):  # the line-by-line reading words it
-            yield from _csv_records(itertools.chain(lines, spool), keys, number)
+            yield from _grouped(_csv_records(itertools.chain(lines, spool), keys, number))
             return
-        yield from zip(range(number + 1, number + 1 + len(lines)), read, lines, strict=True)
+        yield CsvBlock(
+            range(number + 1, number + 1 + len(lines)), [read], lines, _nonfinite_possible(block)
+        )
         number += len(lines)
 
 

@@ -13,7 +13,7 @@ import operator
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 import psycopg2
@@ -179,12 +179,23 @@ def apply_bulk_dml(
         return writer.finish(), count
 
 
+class CsvBlockLike(Protocol):
+    """Records of a CSV body (``service.api.dml_bodies.CsvBlock``)."""
+
+    lines: Sequence[int]
+    keys: Sequence[Sequence[Any]]
+    texts: Sequence[bytes]
+    nonfinite_possible: bool
+
+
 class CsvRowsLike(Protocol):
     """A CSV body's rows (``service.api.dml_bodies.CsvRows``)."""
 
     header: list[str]
     not_null: list[str]
-    records: Iterator[tuple[int, Row, bytes]]
+    blocks: Iterator[CsvBlockLike]
+
+    def records(self) -> Iterator[tuple[int, Row, bytes]]: ...
 
 
 @retry_deadlocks
@@ -202,23 +213,24 @@ def apply_csv_inserts(
         # no earlier version of any key in an empty table; versions at the open epoch (an
         # earlier batch's) would clash with the COPY's, which then goes to a staging table
         had_rows, had_epoch = table.has_versions(cur, epoch)
-        copied: tuple[list[str], list[int]] | None = None
+        copied: _Copied | None = None
         # a first load into an empty table that no job reads builds the key index after
         # its rows, in one sort; a key written twice takes that load back, and the
         # ordinary COPY then names its line
         first_load = not had_rows and not readers_of(s, writer.rel.id)
         if first_load and table.drop_key_index_for_load(cur):
             try:
-                copied = _copy_csv(table, cur, epoch, read_csv, schema, None)
+                copied = _copy_csv(table, cur, epoch, read_csv, schema, None, first_load=True)
                 table.build_key_index(cur)
             except psycopg2.errors.UniqueViolation:
                 table.restore_key_index(cur)
                 copied = None
         staging = table.create_staging(cur) if had_epoch else None
-        header, lines = copied or _copy_csv(table, cur, epoch, read_csv, schema, staging)
-        if not lines:
+        copy = copied or _copy_csv(table, cur, epoch, read_csv, schema, staging)
+        if not copy.lines:
             raise Invalid("the body holds no rows", {"line": 1})
-        _check_finite(cur, table, schema, header, epoch, staging, read_csv)
+        if copy.nonfinite_possible:
+            _check_finite(cur, table, schema, copy.header, epoch, staging, read_csv)
         if had_rows:
             conflict = table.first_live_key(cur, epoch, staging)
             if conflict is not None:
@@ -229,8 +241,17 @@ def apply_csv_inserts(
                 )
         if staging is not None:
             table.insert_from(cur, staging)
-        writer.delta = len(lines)
-        return writer.finish(), len(lines)
+        writer.delta = len(copy.lines)
+        return writer.finish(), len(copy.lines)
+
+
+@dataclass
+class _Copied:
+    """What ``_copy_csv`` sent."""
+
+    header: list[str]  # the body's
+    lines: list[int] = field(default_factory=list)  # of its records, in the COPY's order
+    nonfinite_possible: bool = False  # of some block (``CsvBlock``)
 
 
 def _copy_csv(
@@ -240,30 +261,40 @@ def _copy_csv(
     read_csv: Callable[[TableSchema], CsvRowsLike],
     schema: TableSchema,
     staging: Any,
-) -> tuple[list[str], list[int]]:
-    """One COPY of the body's records into the table (or ``staging``): the body's header,
-    and the lines of its records in the order Postgres got them. A record that does not
-    fit is the 4xx naming its line."""
+    *,
+    first_load: bool = False,
+) -> _Copied:
+    """One COPY of the body's records into the table (or ``staging``). A record that does
+    not fit is the 4xx naming its line."""
     rows = read_csv(schema)
-    sent: list[int] = []
+    copied = _Copied(rows.header)
     failed: list[ServiceError] = []
 
-    def records() -> Iterator[tuple[int, Row, bytes]]:
+    def blocks() -> Iterator[tuple[Sequence[int], Sequence[Sequence[Any]], Sequence[bytes]]]:
         try:
-            yield from rows.records
+            for block in rows.blocks:
+                copied.nonfinite_possible |= block.nonfinite_possible
+                yield block.lines, block.keys, block.texts
         except ServiceError as e:  # the driver would only say that read() failed
             failed.append(e)
             raise
 
     try:
         table.copy_csv_rows(
-            cur, epoch, rows.header, records(), sent, force_not_null=rows.not_null, into=staging
+            cur,
+            epoch,
+            rows.header,
+            blocks(),
+            copied.lines,
+            first_load=first_load,
+            force_not_null=rows.not_null,
+            into=staging,
         )
     except psycopg2.Error as e:
         if failed:
             raise failed[0] from None
-        raise _copy_error(e, sent, read_csv, schema) from None
-    return rows.header, sent
+        raise _copy_error(e, copied.lines, read_csv, schema) from None
+    return copied
 
 
 _COPY_LINE = re.compile(r"COPY [^,]+, line (\d+)(?:, column (\w+))?")
@@ -297,11 +328,11 @@ def _copy_error(
 def _key_at(
     read_csv: Callable[[TableSchema], CsvRowsLike], schema: TableSchema, line: int
 ) -> Row | None:
-    return next((k for n, k, _ in read_csv(schema).records if n == line), None)
+    return next((k for n, k, _ in read_csv(schema).records() if n == line), None)
 
 
 def _line_of(read_csv: Callable[[TableSchema], CsvRowsLike], schema: TableSchema, key: Row) -> int:
-    return next((n for n, k, _ in read_csv(schema).records if k == key), 0)
+    return next((n for n, k, _ in read_csv(schema).records() if k == key), 0)
 
 
 def _check_finite(

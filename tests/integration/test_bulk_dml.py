@@ -229,6 +229,47 @@ def test_a_first_load_builds_the_key_index_after_its_rows(client: TestClient, db
     assert sorted(latest(client)) == [*range(50), 60]
 
 
+def column_defaults(db: Database, table: str = "orders") -> list[str]:
+    with db.engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(:t) AND atthasdef"
+                ),
+                {"t": f"store.{table}"},
+            ).scalars()
+        )
+
+
+def test_a_first_load_leaves_no_column_defaults(client: TestClient, db: Database) -> None:
+    """A first load's COPY takes the epoch and deleted flag from column defaults, dropped
+    before it commits: the writes after it name both."""
+    create(client)
+    r = bulk(client, b"id,customer\n1,a\n2,b\n", CSV)
+    assert r.status_code == 200, r.text
+    assert column_defaults(db) == []
+    assert dml(client, [ins(3)]).status_code == 200
+    assert sorted(latest(client)) == [1, 2, 3]
+
+
+# every spelling of NaN and infinity Postgres reads in a numeric field
+NONFINITE = ["NaN", "nan", "Infinity", "-Infinity", "+inf", "-INF", " inf "]
+
+
+@pytest.mark.parametrize("first_load", [True, False])
+@pytest.mark.parametrize("value", NONFINITE)
+def test_nan_and_infinity_in_any_spelling_are_refused(
+    client: TestClient, value: str, first_load: bool
+) -> None:
+    create(client)
+    if not first_load:
+        assert dml(client, [ins(1)]).status_code == 200
+    body = b"id,customer,amount\n7,x,1.5\n8,y,%s\n" % value.encode()
+    err = assert_error(bulk(client, body, CSV), 422, "invalid")
+    assert err["details"]["line"] == 3, err
+    assert sorted(latest(client)) == ([] if first_load else [1])
+
+
 @pytest.mark.parametrize(("body", "status", "code"), [c for c in BAD_CSV if b"\n1,b" not in c[0]])
 def test_a_bad_first_load_is_named_and_nothing_is_written(
     client: TestClient, db: Database, body: bytes, status: int, code: str

@@ -38,7 +38,7 @@ BODIES: list[tuple[TableSchema, str]] = [
 def _read(schema: TableSchema, body: bytes) -> list[Any]:
     out: list[Any] = []
     try:
-        for record in dml_bodies._csv_rows(io.BytesIO(body), schema).records:
+        for record in dml_bodies._csv_rows(io.BytesIO(body), schema).records():
             out.append(record)
     except ServiceError as e:
         out.append((e.message, e.details))

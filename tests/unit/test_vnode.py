@@ -12,6 +12,7 @@ from backfill_core.vnode import (
     encode_key,
     even_split,
     vnode_hasher,
+    vnodes_hasher,
 )
 
 # (types, values, canonical bytes, vnode of 256): pinned so hashing never drifts
@@ -69,6 +70,30 @@ def test_fast_hasher_agrees_with_compute_vnode(i: int, s: str, count: int) -> No
         assert vnode_hasher(types, count, [1 + k for k in range(len(values))])([0, *values]) == (
             expected
         )
+
+
+@given(
+    st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), st.text(max_size=4))
+    ),
+    st.integers(1, 4096),
+)
+def test_the_bulk_hasher_agrees_with_the_fast_one(
+    keys: list[tuple[int | None, str]], count: int
+) -> None:
+    columns = [[i for i, _ in keys], [s for _, s in keys]]
+    for types, at in (
+        ([T.BIGINT], [0]),
+        ([T.TEXT], [1]),
+        ([T.INT, T.TEXT], [0, 1]),
+        ([T.TEXT, T.INT], [1, 0]),
+    ):
+        one = vnode_hasher(types, count, at)
+        assert vnodes_hasher(types, count, at)(columns) == [one(k) for k in keys]
+    # without positions: the columns are the key's
+    assert vnodes_hasher([T.BIGINT], count)(columns[:1]) == [
+        vnode_hasher([T.BIGINT], count)([i]) for i, _ in keys
+    ]
 
 
 @given(st.integers(-(2**63), 2**63 - 1), st.integers(1, 4096))
