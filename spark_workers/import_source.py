@@ -27,7 +27,7 @@ from pyspark.sql.datasource import DataSource, DataSourceArrowWriter, WriterComm
 
 from backfill_core.protocol import ImportTask
 from backfill_core.schema import ColumnType, TableSchema
-from backfill_core.vnode import vnode_hasher
+from backfill_core.vnode import vnodes_hasher
 from state_store.options import worker_dsn
 
 FORMAT = "backfill_import"
@@ -180,13 +180,13 @@ def _copy_bad_row(e: Any, batch: Any) -> Exception:
 
 class _StagingCsv:
     """A batch as CSV in the storage layout ``_vnode, <pk>, _epoch, _deleted, <values>``
-    (Arrow's CSV writer; Python runs per row only to hash the key into its vnode)."""
+    (Arrow's CSV writer; Python runs per row only to read the key's values)."""
 
     def __init__(self, schema: TableSchema) -> None:
         self.schema = schema
         self.pk = list(schema.primary_key)
         self.values = [c.name for c in schema.value_columns]
-        self.hasher = vnode_hasher(
+        self.vnodes_of = vnodes_hasher(
             list(schema.dist_types),
             schema.vnode_count,
             [self.pk.index(n) for n in schema.distribution_key],
@@ -202,9 +202,7 @@ class _StagingCsv:
         for name, fix in zip(self.pk, self.key_fix, strict=True):
             values = batch.column(name).to_pylist()
             keys.append(values if fix is None else [fix(v) for v in values])
-        hasher = self.hasher
-        vnodes = [hasher(k) for k in zip(*keys, strict=True)]
-        cols = [pa.array(vnodes, pa.int16())]
+        cols = [pa.array(self.vnodes_of(keys), pa.int16())]
         cols += [self._ready(batch, name) for name in self.pk]
         cols += [pa.nulls(n, pa.int64()).fill_null(0), pa.nulls(n, pa.bool_()).fill_null(False)]
         cols += [self._ready(batch, name) for name in self.values]
