@@ -483,18 +483,18 @@ class VersionedTable:
         order, and a piece's rows of one vnode touch its pages once; unsorted, they cost
         a third of the COPY. ``first_load``: the table is empty and without its key index
         (``drop_key_index_for_load``): the records go as they come, and the epoch and
-        deleted flag as the columns' defaults for the COPY, not in each record (a
-        seventh of the COPY: bench/HISTORY.md 2026-12-07 07:40). ``force_not_null``:
+        deleted flag as the columns' defaults for the COPY, not in each record (an
+        eighth of the COPY: bench/HISTORY.md 2026-12-07 07:40). ``force_not_null``:
         columns whose empty field is an empty string, not null. A key with a version at
         ``epoch`` already is the driver's UniqueViolation; any other error is the
         driver's too (its context names the record, ``COPY <table>, line <n>``: the tag
         of record n is ``sent[n - 1]``). ``into``: a staging table of this layout
         (``create_staging``) instead of the table."""
-        vnodes = range(self.schema.vnode_count)
-        prefix_of = [b"%d,%d,f," % (vnode, epoch) for vnode in vnodes]
+        every_vnode = range(self.schema.vnode_count)
+        prefix_of = [b"%d,%d,f," % (vnode, epoch) for vnode in every_vnode]
         sent_columns = [VNODE, EPOCH, DELETED, *columns]
         if first_load:
-            prefix_of = [b"%d," % vnode for vnode in vnodes]
+            prefix_of = [b"%d," % vnode for vnode in every_vnode]
             sent_columns = [VNODE, *columns]
             self._constant_defaults(cur, epoch)
         vnodes_of = self._vnodes_of_keys
