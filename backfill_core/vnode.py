@@ -41,6 +41,9 @@ _UNIX_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _I64 = struct.Struct(">q")
 _F64 = struct.Struct(">d")
 _U32 = struct.Struct(">I")
+_INT_TYPES = (ColumnType.SMALLINT, ColumnType.INT, ColumnType.BIGINT)
+# crc32 is incremental: the integer tag byte's running value seeds the payload's
+_INT_TAG_CRC = zlib.crc32(b"\x02")
 
 
 def _micros(delta: dt.timedelta) -> int:
@@ -167,11 +170,8 @@ def vnode_hasher(
     at = list(range(len(types))) if positions is None else list(positions)
     if len(at) != len(types):
         raise ValueError("one position per key type")
-    if len(types) == 1 and types[0] in (ColumnType.SMALLINT, ColumnType.INT, ColumnType.BIGINT):
-        pack = _I64.pack
-        crc = zlib.crc32
-        # crc32 is incremental: the tag byte's running value seeds the payload's
-        tag_crc = crc(b"\x02")
+    if len(types) == 1 and types[0] in _INT_TYPES:
+        pack, crc, tag_crc = _I64.pack, zlib.crc32, _INT_TAG_CRC
         null_vnode = crc(b"\x00") % vnode_count
         j = at[0]
 
@@ -194,17 +194,16 @@ def vnodes_hasher(
     order. A one-column integer key without nulls takes no Python step per key (a bulk
     load's usual case: docs/architecture.md#layout-and-indexes)."""
     one = vnode_hasher(types, vnode_count, positions)  # takes a whole key
-    at = list(range(len(types))) if positions is None else list(positions)
-    if len(types) == 1 and types[0] in (ColumnType.SMALLINT, ColumnType.INT, ColumnType.BIGINT):
-        pack, crc, tag_crc = _I64.pack, zlib.crc32, zlib.crc32(b"\x02")
-        modulo = vnode_count.__rmod__
-        j, single = at[0], vnode_hasher(types, vnode_count)  # takes the one value
+    if len(types) == 1 and types[0] in _INT_TYPES:
+        pack, crc, modulo = _I64.pack, zlib.crc32, vnode_count.__rmod__
+        j = 0 if positions is None else positions[0]
 
         def int_keys(columns: Sequence[Sequence[Any]]) -> list[int]:
             values = columns[j]
             if None in values:
-                return [single((v,)) for v in values]
-            return list(map(modulo, map(crc, map(pack, values), itertools.repeat(tag_crc))))
+                return list(map(one, zip(*columns, strict=True)))
+            tags = itertools.repeat(_INT_TAG_CRC)
+            return list(map(modulo, map(crc, map(pack, values), tags)))
 
         return int_keys
     return lambda columns: list(map(one, zip(*columns, strict=True)))

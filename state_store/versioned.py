@@ -208,16 +208,11 @@ class VersionedTable:
         self.key_of: Callable[[Row], Row] = (
             getter if len(self._pk_idx) > 1 else (lambda row: (getter(row),))  # type: ignore[assignment]
         )
+        dist_at = [self.pk.index(n) for n in schema.distribution_key]
         self._vnode_of_key: Callable[[Row], int] = vnode_hasher(
-            self._dist_types,
-            schema.vnode_count,
-            [self.pk.index(n) for n in schema.distribution_key],
+            self._dist_types, schema.vnode_count, dist_at
         )
-        self._vnodes_of_keys = vnodes_hasher(
-            self._dist_types,
-            schema.vnode_count,
-            [self.pk.index(n) for n in schema.distribution_key],
-        )
+        self._vnodes_of_keys = vnodes_hasher(self._dist_types, schema.vnode_count, dist_at)
         self._format_line = line_formatter(
             [schema.column(n).type for n in self.pk],
             [schema.column(n).type for n in self.values],
