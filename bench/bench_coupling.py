@@ -24,7 +24,8 @@ import json
 import statistics
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,8 +111,47 @@ class _Recorder:
         for curr, injected, secs in rows:
             self.seen[int(curr)] = (float(injected), float(secs) * 1000)
 
+    def barriers(self, since: float, until: float) -> list[tuple[float, float]]:
+        """(injected, ms) of the barriers injected from ``since`` to ``until``."""
+        return [(at, ms) for at, ms in self.seen.values() if since <= at <= until]
+
     def latencies(self, since: float, until: float) -> list[float]:
-        return [ms for at, ms in self.seen.values() if since <= at <= until]
+        return [ms for _, ms in self.barriers(since, until)]
+
+
+@contextmanager
+def _writing(db: Database, base: str, n: int) -> Iterator[tuple[httpx.Client, _Recorder]]:
+    """The writer at work and the upstream's barriers recorded while the block runs.
+
+    It starts from a checkpoint, so that the previous run's writes (a 2M-row MV, then
+    its drop) are not flushed during this one's windows: each carries only its own
+    workload's checkpoints. The recorder's last read comes after the block."""
+    checkpoint(db)
+    with http_client(base, timeout=120) as http, _Recorder(db) as recorded:
+        stop = threading.Event()
+        writer = threading.Thread(target=_writer, args=(http, stop, n), daemon=True)
+        writer.start()
+        try:
+            yield http, recorded
+        finally:
+            stop.set()
+            writer.join(timeout=30)
+
+
+def _create(http: httpx.Client, name: str, kind: str, rate_limit: int | None) -> int:
+    """A backfill of every row of ``orders``: its job's id."""
+    r = http.post(
+        "/v1/jobs",
+        json={
+            "name": name,
+            "upstream": {"table": "orders"},
+            "backfill": kind,
+            "parallelism": PARALLELISM,
+            "rate_limit": rate_limit,
+        },
+    )
+    assert r.status_code == 202, r.text
+    return int(r.json()["id"])
 
 
 @dataclass(frozen=True)
@@ -148,36 +188,15 @@ def _wait_state(http: httpx.Client, job: int, want: str) -> None:
 
 def _backfill(db: Database, base: str, kind: str, n: int, rate_limit: int | None = None) -> Run:
     """Upstream latencies while a ``kind`` backfill runs, each of its actors reading at
-    most ``rate_limit`` rows a second (None: no limit).
-
-    Every run starts from a checkpoint, so that the previous run's writes (a 2M-row MV,
-    then its drop) are not flushed during this one's window: each window carries only
-    its own workload's checkpoints."""
-    checkpoint(db)
-    with http_client(base, timeout=120) as http, _Recorder(db) as recorded:
-        stop = threading.Event()
-        writer = threading.Thread(target=_writer, args=(http, stop, n), daemon=True)
-        writer.start()
-        try:
-            t0 = time.time()
-            r = http.post(
-                "/v1/jobs",
-                json={
-                    "name": f"mv_{kind}" + ("" if rate_limit is None else "_throttled"),
-                    "upstream": {"table": "orders"},
-                    "backfill": kind,
-                    "parallelism": PARALLELISM,
-                    "rate_limit": rate_limit,
-                },
-            )
-            assert r.status_code == 202, r.text
-            job = r.json()["id"]
-            _wait_state(http, job, "created")
-            snapshot_done = _snapshot_read_ended(http, job) if kind == "snapshot" else None
-            t1 = time.time()
-        finally:
-            stop.set()
-            writer.join(timeout=30)
+    most ``rate_limit`` rows a second (None: no limit)."""
+    with _writing(db, base, n) as (http, recorded):
+        t0 = time.time()
+        name = f"mv_{kind}" + ("" if rate_limit is None else "_throttled")
+        job = _create(http, name, kind, rate_limit)
+        _wait_state(http, job, "created")
+        snapshot_done = _snapshot_read_ended(http, job) if kind == "snapshot" else None
+        t1 = time.time()
+    with http_client(base, timeout=120) as http:
         assert http.delete(f"/v1/jobs/{job}").status_code in (200, 202, 204)
     if snapshot_done is None:
         assert kind != "snapshot", f"job {job} has no phase_changed event"
@@ -194,47 +213,23 @@ def _alternating(db: Database, base: str, n: int, rounds: int, window_s: float) 
     """Upstream latencies while throttled snapshot backfills read their snapshots, each
     created, left ``window_s`` in phase 1 and dropped, and in as long windows between
     them with no backfill (``rounds`` of each, a quiet one first)."""
-    checkpoint(db)
     reading: list[tuple[float, float]] = []  # each window's (start, end)
     quiet: list[tuple[float, float]] = []
-    with http_client(base, timeout=120) as http, _Recorder(db) as recorded:
-        stop = threading.Event()
-        writer = threading.Thread(target=_writer, args=(http, stop, n), daemon=True)
-        writer.start()
-        try:
-            for k in range(rounds):
-                t0 = time.time()
-                stop.wait(window_s)
-                quiet.append((t0, time.time()))
-                t0 = time.time()
-                r = http.post(
-                    "/v1/jobs",
-                    json={
-                        "name": f"mv_throttled_{k}",
-                        "upstream": {"table": "orders"},
-                        "backfill": "snapshot",
-                        "parallelism": PARALLELISM,
-                        "rate_limit": THROTTLE,
-                    },
-                )
-                assert r.status_code == 202, r.text
-                job = r.json()["id"]
-                stop.wait(max(0.0, t0 + window_s - time.time()))
-                reading.append((t0, time.time()))
-                assert _snapshot_read_ended(http, job) is None, "phase 1 ended in its window"
-                assert http.delete(f"/v1/jobs/{job}").status_code == 204
-                stop.wait(SETTLE_S)
-        finally:
-            stop.set()
-            writer.join(timeout=30)
+    with _writing(db, base, n) as (http, recorded):
+        for k in range(rounds):
+            t0 = time.time()
+            time.sleep(window_s)
+            quiet.append((t0, time.time()))
+            t0 = time.time()
+            job = _create(http, f"mv_throttled_{k}", "snapshot", THROTTLE)
+            time.sleep(max(0.0, t0 + window_s - time.time()))
+            reading.append((t0, time.time()))
+            assert _snapshot_read_ended(http, job) is None, "phase 1 ended in its window"
+            assert http.delete(f"/v1/jobs/{job}").status_code == 204
+            time.sleep(SETTLE_S)
     # read once the recorder has seen every barrier of the last second commit
     worst = sorted(
-        (
-            (ms, at - t0)
-            for t0, t1 in reading
-            for at, ms in recorded.seen.values()
-            if t0 <= at <= t1
-        ),
+        ((ms, at - t0) for t0, t1 in reading for at, ms in recorded.barriers(t0, t1)),
         reverse=True,
     )[:6]
     seconds = rounds * window_s
@@ -365,7 +360,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
             ),
         )
     ]
-    base_p99 = _pct(results["none"].latencies, 99)
+    base_p99 = _pct(none, 99)
     for what, lat, target, more in figures:
         value = _pct(lat, 99) if lat else float("nan")
         ratio = round(value / base_p99, 2) if base_p99 and lat else None
