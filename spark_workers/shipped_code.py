@@ -16,6 +16,7 @@ import functools
 import importlib.util
 import marshal
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -28,6 +29,9 @@ PACKAGES = ("backfill_core", "state_store", "connectors", "spark_workers")
 ZIP_NAME = "mv_backfill_code.zip"
 # bytecode marked "unchecked hash-based" (PEP 552): zipimport takes it as is
 _UNCHECKED_HASH = 0b01
+# the zip's directory: this prefix, the pid of the process it belongs to, a random part
+DIR_PREFIX = "mv-backfill-code-"
+_OWNED_DIR = re.compile(re.escape(DIR_PREFIX) + r"(\d+)-")
 
 
 def package_dir(name: str) -> Path:
@@ -65,12 +69,40 @@ def write_code_zip(path: str | os.PathLike[str]) -> None:
 
 @functools.cache
 def code_zip() -> str:
-    """The zip's path: built once per process, in a directory removed when it exits."""
-    tmp = tempfile.mkdtemp(prefix="mv-backfill-code-")
+    """The zip's path: built once per process, in a directory removed when it exits (and,
+    should it be killed, by the next worker on the machine: ``sweep_orphans``)."""
+    sweep_orphans(tempfile.gettempdir())
+    tmp = tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-")
     atexit.register(shutil.rmtree, tmp, True)
     path = os.path.join(tmp, ZIP_NAME)
     write_code_zip(path)
     return path
+
+
+def sweep_orphans(parent: str) -> list[str]:
+    """Remove the zip directories under ``parent`` whose process is gone (a worker killed
+    with SIGKILL runs no ``atexit``); the paths removed. A directory whose pid a live
+    process has again is left, as are those of other users."""
+    removed = []
+    for entry in os.scandir(parent):
+        found = _OWNED_DIR.match(entry.name)
+        if found is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        if _alive(int(found.group(1))):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def ship_code(spark: Any) -> None:

@@ -28,13 +28,14 @@ LOCKS = {
 
 # Compiled packages of the locks with a manylinux aarch64 wheel for CPython 3.11, checked at
 # the locked versions (confluent-kafka 2.16.1, httptools 0.9.0, markupsafe 3.0.4,
-# psycopg2-binary 2.9.13, pyarrow 26.0.1, pydantic-core 2.50.5, pyyaml 6.0.4,
+# msgspec 0.23.0, psycopg2-binary 2.9.13, pyarrow 26.0.1, pydantic-core 2.50.5, pyyaml 6.0.4,
 # sqlalchemy 2.1.9, uvloop 0.23.0). A new compiled dependency is checked, then added here.
 AARCH64_WHEELS = frozenset(
     {
         "confluent-kafka",
         "httptools",
         "markupsafe",
+        "msgspec",
         "psycopg2-binary",
         "pyarrow",
         "pydantic-core",
