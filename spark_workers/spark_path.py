@@ -131,6 +131,9 @@ class SparkPath:
         self._stopping.set()
         with self._lock:
             if self._spark is not None and not self.warmed.is_set():
+                # Spark logs each cancelled write task as an error with its stack: none is
+                # one here, and the process is on its way out (the level is the JVM's)
+                self._spark.sparkContext.setLogLevel("OFF")
                 self._spark.sparkContext.cancelAllJobs()
 
     def stop(self) -> None:
