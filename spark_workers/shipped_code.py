@@ -88,6 +88,8 @@ def sweep_orphans(parent: str) -> list[str]:
         found = _OWNED_DIR.match(entry.name)
         if found is None or not entry.is_dir(follow_symlinks=False):
             continue
+        if entry.stat(follow_symlinks=False).st_uid != os.getuid():
+            continue
         if _alive(int(found.group(1))):
             continue
         shutil.rmtree(entry.path, ignore_errors=True)
@@ -101,7 +103,7 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's process
-        return True
+        pass
     return True
 
 

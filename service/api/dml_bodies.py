@@ -178,8 +178,8 @@ def _ndjson_ops(spool: IO[bytes]) -> Iterator[tuple[int, DmlOp]]:
 
 def _ndjson_op(number: int, line: bytes) -> DmlOp:
     """A line msgspec did not take, read by the standard library's parser: the 4xx that
-    names what is wrong with it (or the op, for a value msgspec takes only as JSON: a
-    number past a double's range is an infinity here, which the row's check refuses)."""
+    names what is wrong with it, or its op where only msgspec refused a value (a number
+    past a double's range, an infinity here, which the row's check then refuses)."""
     try:
         o = json.loads(line, parse_constant=_reject_constant)
     except ValueError as e:

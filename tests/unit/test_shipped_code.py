@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from spark_workers import shipped_code
 
 
@@ -29,3 +31,13 @@ def test_sweep_removes_only_the_directories_of_gone_processes(tmp_path: Path) ->
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         d.name for d in (mine, unnamed, other)
     )
+
+
+def test_sweep_leaves_another_users_directories(tmp_path: Path) -> None:
+    if os.getuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    theirs = tmp_path / f"{shipped_code.DIR_PREFIX}{_dead_pid()}-abc"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    assert shipped_code.sweep_orphans(str(tmp_path)) == []
+    assert theirs.exists()
